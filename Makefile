@@ -1,0 +1,36 @@
+# Ascent: `make run` serves the platform on embedded defaults; `make test` runs the whole suite.
+# Both create .venv when it is missing and install from constraints.txt first.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.ascent-installed
+HOST ?= 127.0.0.1
+PORT ?= 8000
+PYTEST_ARGS ?=
+
+.PHONY: install run test migrate constraints clean
+
+$(STAMP): pyproject.toml constraints.txt
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test]'
+	@touch $@
+
+install: $(STAMP)
+
+migrate: install
+	$(BIN)/python manage.py migrate --noinput
+
+run: migrate
+	$(BIN)/python manage.py bootstrap --host $(HOST) --port $(PORT)
+	$(BIN)/python manage.py runserver $(HOST):$(PORT)
+
+test: install
+	$(BIN)/python scripts/testenv.py -- $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Re-pin constraints.txt from the current virtual environment (after changing pyproject.toml).
+constraints: install
+	$(BIN)/python -m pip freeze --exclude-editable --exclude ascent \
+	  | sed -E 's/^torch==([0-9.]+)\+cpu$$/torch==\1/' > constraints.txt
+
+clean:
+	rm -rf $(VENV) var .pytest_cache

@@ -1,0 +1,1 @@
+"""Users, projects with member roles, and hashed API tokens."""

@@ -1,0 +1,125 @@
+"""Projects, their members and API tokens."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+
+from django.conf import settings
+from django.core.validators import RegexValidator
+from django.db import models
+from django.utils import timezone
+
+from accounts.choices import ADMIN_ROLES, WRITE_ROLES, Role
+
+TOKEN_PREFIX = "asc_"
+
+slug_validator = RegexValidator(
+    r"^[a-z0-9][a-z0-9-]{0,62}$",
+    "Use 1-63 lowercase letters, digits and hyphens, starting with a letter or digit.",
+)
+
+
+class Project(models.Model):
+    """A team's space: experiments, runs and who may see or change them."""
+
+    name = models.CharField(max_length=63, unique=True, validators=[slug_validator])
+    description = models.TextField(blank=True)
+    members = models.ManyToManyField(
+        settings.AUTH_USER_MODEL, through="Membership", related_name="projects"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def role_of(self, user) -> Role | None:
+        """The user's role here, or None for a stranger (staff count as owners)."""
+        if not user or not user.is_authenticated:
+            return None
+        if user.is_staff:
+            return Role.OWNER
+        role = self.memberships.filter(user=user).values_list("role", flat=True).first()
+        return Role(role) if role else None
+
+    def can_write(self, user) -> bool:
+        return self.role_of(user) in WRITE_ROLES
+
+    def can_admin(self, user) -> bool:
+        return self.role_of(user) in ADMIN_ROLES
+
+
+class Membership(models.Model):
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="memberships")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships"
+    )
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.VIEWER)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["project", "user__username"]
+        constraints = [
+            models.UniqueConstraint(fields=["project", "user"], name="unique_project_member")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.project} ({self.role})"
+
+
+def hash_token(raw: str) -> str:
+    return hashlib.sha256(raw.encode()).hexdigest()
+
+
+class ApiTokenQuerySet(models.QuerySet):
+    def usable(self):
+        now = timezone.now()
+        return self.filter(revoked_at__isnull=True).filter(
+            models.Q(expires_at__isnull=True) | models.Q(expires_at__gt=now)
+        )
+
+
+class ApiToken(models.Model):
+    """A bearer token. Only its SHA-256 is stored; the token itself is shown once, at creation."""
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens"
+    )
+    name = models.CharField(max_length=100)
+    prefix = models.CharField(max_length=12, help_text="The first characters, to recognise it.")
+    key_hash = models.CharField(max_length=64, unique=True, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    objects = ApiTokenQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…) of {self.user}"
+
+    @classmethod
+    def issue(cls, user, name: str, expires_at=None) -> tuple[ApiToken, str]:
+        """Create a token; returns the row and the raw token, which is never stored."""
+        raw = TOKEN_PREFIX + secrets.token_urlsafe(32)
+        token = cls.objects.create(
+            user=user, name=name, prefix=raw[:12], key_hash=hash_token(raw), expires_at=expires_at
+        )
+        return token, raw
+
+    @property
+    def is_active(self) -> bool:
+        if self.revoked_at is not None:
+            return False
+        return self.expires_at is None or self.expires_at > timezone.now()
+
+    def revoke(self) -> None:
+        if self.revoked_at is None:
+            self.revoked_at = timezone.now()
+            self.save(update_fields=["revoked_at"])

@@ -1,0 +1,89 @@
+"""One error shape for every API failure.
+
+    {"error": "<code>", "detail": "<one sentence>", "errors": [{"field": "a.b", "message": "…"}]}
+
+`errors` is present on validation failures; `field` is the dotted path of the input that is
+wrong (for a run spec, `spec.` followed by the spec's own field path).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from django.core.exceptions import ValidationError as DjangoValidationError
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+from experiments.services import DomainError, RequestError
+from rl_core.spec import SpecError
+
+_CODES = {
+    400: "invalid",
+    401: "not_authenticated",
+    403: "permission_denied",
+    404: "not_found",
+    405: "method_not_allowed",
+    409: "conflict",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+    429: "throttled",
+}
+
+
+def flatten_errors(detail, prefix: str = "") -> Iterator[dict[str, str]]:
+    """DRF's nested error detail as a flat list of {field, message}."""
+    if isinstance(detail, dict):
+        for key, value in detail.items():
+            key = "" if key in ("non_field_errors", "__all__") else str(key)
+            yield from flatten_errors(value, f"{prefix}.{key}".strip(".") if key else prefix)
+    elif isinstance(detail, list):
+        if all(isinstance(item, str) for item in detail):
+            for item in detail:
+                yield {"field": prefix, "message": str(item)}
+        else:
+            for index, item in enumerate(detail):
+                yield from flatten_errors(item, f"{prefix}.{index}".strip("."))
+    else:
+        yield {"field": prefix, "message": str(detail)}
+
+
+def spec_validation_error(exc: SpecError, prefix: str = "spec") -> exceptions.ValidationError:
+    """A SpecError as a DRF ValidationError keyed by `spec.<field path>`."""
+    detail: dict[str, list[str]] = {}
+    for item in exc.errors:
+        field = f"{prefix}.{item['field']}".strip(".")
+        detail.setdefault(field, []).append(item["message"])
+    return exceptions.ValidationError(detail)
+
+
+def _body(code: str, detail: str, errors: list | None = None) -> dict:
+    body = {"error": code, "detail": detail}
+    if errors is not None:
+        body["errors"] = errors
+    return body
+
+
+def exception_handler(exc, context):
+    if isinstance(exc, SpecError):
+        exc = spec_validation_error(exc)
+    elif isinstance(exc, RequestError):
+        exc = exceptions.ValidationError({exc.field: [str(exc)]})
+    elif isinstance(exc, DjangoValidationError):
+        exc = exceptions.ValidationError(exc.message_dict if hasattr(exc, "error_dict") else exc.messages)
+    elif isinstance(exc, DomainError):
+        return Response(_body("conflict", str(exc)), status=status.HTTP_409_CONFLICT)
+
+    response = drf_exception_handler(exc, context)
+    if response is None:
+        return None
+    code = _CODES.get(response.status_code, "error")
+    if isinstance(exc, exceptions.ValidationError):
+        errors = list(flatten_errors(exc.detail))
+        fields = sorted({e["field"] for e in errors if e["field"]})
+        summary = "Invalid input" + (f" in: {', '.join(fields)}." if fields else ".")
+        response.data = _body(code, summary, errors)
+    else:
+        detail = response.data.get("detail", str(exc)) if isinstance(response.data, dict) else str(exc)
+        response.data = _body(code, str(detail))
+    return response

@@ -1,0 +1,284 @@
+"""Serializers of the REST API. Input is validated here, once; domain actions live in services."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.utils import timezone
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from accounts.choices import Role
+from accounts.models import ApiToken, Membership, Project
+from api.permissions import visible_projects
+from clusters.models import Cluster, Node
+from clusters.services import cluster_capacity
+from experiments.models import Attempt, Experiment, Run, RunEvent
+
+User = get_user_model()
+
+
+# --- clusters -------------------------------------------------------------------------------
+
+class NodeSerializer(serializers.ModelSerializer):
+    cluster = serializers.SlugRelatedField(slug_field="name", queryset=Cluster.objects.all())
+    device_kind = serializers.CharField(read_only=True)
+
+    class Meta:
+        model = Node
+        fields = ["id", "cluster", "hostname", "address", "device_type", "device_kind",
+                  "device_count", "healthy_device_count", "memory_bytes", "cpu_count", "labels",
+                  "state", "last_seen", "created_at"]
+        read_only_fields = ["created_at"]
+
+    def validate(self, attrs):
+        count = attrs.get("device_count", getattr(self.instance, "device_count", 0))
+        healthy = attrs.get("healthy_device_count", getattr(self.instance, "healthy_device_count", 0))
+        if healthy > count:
+            raise serializers.ValidationError(
+                {"healthy_device_count": f"{healthy} healthy devices exceed device_count ({count})."}
+            )
+        return attrs
+
+
+class CapacitySerializer(serializers.Serializer):
+    total = serializers.IntegerField(help_text="Devices on nodes that are not down.")
+    healthy = serializers.IntegerField(help_text="Healthy devices on ready nodes.")
+    held = serializers.IntegerField(help_text="Devices held by active attempts.")
+    free = serializers.IntegerField(help_text="healthy - held, never below zero.")
+
+
+class ClusterSerializer(serializers.ModelSerializer):
+    capacity = serializers.SerializerMethodField(help_text="Per device kind (npu, gpu, cpu).")
+    node_count = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Cluster
+        fields = ["id", "name", "device_type", "ray_address", "status", "labels", "last_probe_at",
+                  "last_probe_error", "created_at", "node_count", "capacity"]
+        read_only_fields = ["status", "last_probe_at", "last_probe_error", "created_at"]
+
+    @extend_schema_field(serializers.DictField(child=CapacitySerializer()))
+    def get_capacity(self, obj) -> dict:
+        return {kind: cap.as_dict() for kind, cap in cluster_capacity(obj).items()}
+
+    def get_node_count(self, obj) -> int:
+        return obj.nodes.count()
+
+
+# --- accounts -------------------------------------------------------------------------------
+
+class MembershipSerializer(serializers.ModelSerializer):
+    username = serializers.SlugRelatedField(
+        source="user", slug_field="username", queryset=User.objects.all()
+    )
+
+    class Meta:
+        model = Membership
+        fields = ["username", "role", "created_at"]
+        read_only_fields = ["created_at"]
+
+
+class MembershipRoleSerializer(serializers.Serializer):
+    role = serializers.ChoiceField(choices=Role.choices)
+
+
+class ProjectSerializer(serializers.ModelSerializer):
+    my_role = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Project
+        fields = ["id", "name", "description", "created_at", "my_role"]
+        read_only_fields = ["created_at"]
+
+    @extend_schema_field(serializers.ChoiceField(choices=Role.choices, allow_null=True))
+    def get_my_role(self, obj):
+        request = self.context.get("request")
+        role = obj.role_of(request.user) if request else None
+        return role.value if role else None
+
+
+class TokenSerializer(serializers.ModelSerializer):
+    expires_in_days = serializers.IntegerField(
+        write_only=True, required=False, min_value=0, max_value=3650,
+        help_text="Days until it expires; 0 = never. Default: the server's ASCENT_TOKEN_DEFAULT_DAYS.",
+    )
+    is_active = serializers.BooleanField(read_only=True)
+
+    class Meta:
+        model = ApiToken
+        fields = ["id", "name", "prefix", "created_at", "expires_at", "revoked_at", "last_used_at",
+                  "is_active", "expires_in_days"]
+        read_only_fields = ["prefix", "created_at", "expires_at", "revoked_at", "last_used_at"]
+
+    def create(self, validated_data):
+        days = validated_data.pop("expires_in_days", settings.ASCENT_TOKEN_DEFAULT_DAYS)
+        expires = timezone.now() + timedelta(days=days) if days else None
+        token, raw = ApiToken.issue(self.context["request"].user, validated_data["name"], expires)
+        token.raw = raw
+        return token
+
+
+class NewTokenSerializer(TokenSerializer):
+    token = serializers.SerializerMethodField(help_text="The token itself. It is shown only once.")
+
+    class Meta(TokenSerializer.Meta):
+        fields = TokenSerializer.Meta.fields + ["token"]
+
+    def get_token(self, obj) -> str:
+        return obj.raw
+
+
+# --- experiments and runs -------------------------------------------------------------------
+
+class UserProjectField(serializers.PrimaryKeyRelatedField):
+    """A project the requesting user can see; others read as nonexistent."""
+
+    def get_queryset(self):
+        return visible_projects(self.context["request"].user)
+
+
+class ExperimentSerializer(serializers.ModelSerializer):
+    project = UserProjectField()
+    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    run_count = serializers.IntegerField(read_only=True, required=False)
+
+    class Meta:
+        model = Experiment
+        fields = ["id", "project", "name", "description", "mlflow_experiment_id", "created_by",
+                  "created_at", "run_count"]
+        read_only_fields = ["mlflow_experiment_id", "created_at"]
+        validators = [
+            serializers.UniqueTogetherValidator(
+                queryset=Experiment.objects.all(), fields=["project", "name"],
+                message="This project already has an experiment with this name.",
+            )
+        ]
+
+    def validate_project(self, project):
+        if self.instance is not None and project != self.instance.project:
+            raise serializers.ValidationError("An experiment cannot move to another project.")
+        return project
+
+
+class AttemptSerializer(serializers.ModelSerializer):
+    cluster = serializers.SlugRelatedField(slug_field="name", read_only=True)
+
+    class Meta:
+        model = Attempt
+        fields = ["number", "ray_submission_id", "cluster", "device_count", "started_at",
+                  "ended_at", "exit_code", "exit_message"]
+
+
+class RunEventSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = RunEvent
+        fields = ["id", "from_state", "to_state", "created_at", "actor", "message"]
+
+
+class RunSerializer(serializers.ModelSerializer):
+    project = serializers.IntegerField(source="experiment.project_id", read_only=True)
+    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    cluster = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    attempts = AttemptSerializer(many=True, read_only=True)
+    is_terminal = serializers.BooleanField(read_only=True)
+
+    class Meta:
+        model = Run
+        fields = ["id", "name", "project", "experiment", "algorithm", "state", "is_terminal",
+                  "priority", "device_type", "device_count", "cluster", "max_restarts",
+                  "created_by", "cloned_from", "created_at", "updated_at", "started_at",
+                  "finished_at", "mlflow_run_id", "error", "attempts", "spec"]
+        read_only_fields = fields
+
+
+class RunListSerializer(RunSerializer):
+    """The list view leaves out the spec and attempts to keep pages small."""
+
+    class Meta(RunSerializer.Meta):
+        fields = [f for f in RunSerializer.Meta.fields if f not in ("spec", "attempts")]
+        read_only_fields = fields
+
+
+class SubmissionFields(serializers.Serializer):
+    """Fields shared by submit and validate."""
+
+    spec = serializers.JSONField(
+        help_text="A RunSpec as an object (see /api/v1/spec/schema/); unset fields take the "
+        "algorithm's preset."
+    )
+    overrides = serializers.ListField(
+        child=serializers.CharField(max_length=500), required=False, default=list, max_length=200,
+        help_text='Dotted overrides applied to the spec, e.g. ["rollout.n_samples_per_prompt=8"].',
+    )
+    cluster = serializers.SlugRelatedField(
+        slug_field="name", queryset=Cluster.objects.all(), required=False, allow_null=True,
+        help_text="Run only on this cluster (by name); omit for any cluster that fits.",
+    )
+
+    @extend_schema_field(OpenApiTypes.OBJECT)
+    def validate_spec(self, value):
+        if not isinstance(value, dict):
+            raise serializers.ValidationError("Must be a JSON object (a RunSpec).")
+        return value
+
+
+class RunSubmitSerializer(SubmissionFields):
+    experiment = serializers.PrimaryKeyRelatedField(queryset=Experiment.objects.none())
+    name = serializers.CharField(max_length=128, required=False, allow_blank=True, default="")
+    priority = serializers.IntegerField(min_value=-100, max_value=100, default=0)
+    max_restarts = serializers.IntegerField(min_value=0, max_value=20, default=0)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        request = self.context.get("request")
+        if request is not None:
+            self.fields["experiment"].queryset = Experiment.objects.filter(
+                project__in=visible_projects(request.user)
+            )
+
+
+class RunValidateSerializer(SubmissionFields):
+    pass
+
+
+class DeviceRequestSerializer(serializers.Serializer):
+    device_type = serializers.CharField()
+    device_count = serializers.IntegerField()
+    num_nodes = serializers.IntegerField()
+    devices_per_node = serializers.IntegerField()
+
+
+class FittingClusterSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    free = serializers.IntegerField()
+    fits_now = serializers.BooleanField()
+
+
+class ValidationResultSerializer(serializers.Serializer):
+    valid = serializers.BooleanField()
+    spec = serializers.JSONField(help_text="The resolved spec: preset, your values, overrides.")
+    device_request = DeviceRequestSerializer()
+    clusters = FittingClusterSerializer(many=True, help_text="Clusters offering this device kind.")
+
+
+class CloneSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=128, required=False, allow_blank=True, default="")
+    priority = serializers.IntegerField(min_value=-100, max_value=100, required=False)
+    overrides = serializers.ListField(
+        child=serializers.CharField(max_length=500), required=False, default=list, max_length=200
+    )
+
+
+class ErrorItemSerializer(serializers.Serializer):
+    field = serializers.CharField()
+    message = serializers.CharField()
+
+
+class ErrorSerializer(serializers.Serializer):
+    error = serializers.CharField()
+    detail = serializers.CharField()
+    errors = ErrorItemSerializer(many=True, required=False)

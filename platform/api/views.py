@@ -1,0 +1,328 @@
+"""REST API views. Each is thin: authorize, validate, act through a domain service, serialize."""
+
+from __future__ import annotations
+
+from django.db import transaction
+from django.db.models import Count
+from django.shortcuts import get_object_or_404
+from django.utils import timezone
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
+from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.exceptions import PermissionDenied
+from rest_framework.permissions import IsAuthenticated
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from accounts.choices import Role
+from accounts.models import ApiToken, Membership, Project
+from api import serializers as s
+from api.filters import NodeFilter, RunFilter
+from api.pagination import RunCursorPagination
+from api.permissions import IsStaffOrReadOnly, ProjectRole, visible_projects
+from clusters.choices import NodeState
+from clusters.models import Cluster, Node
+from clusters.services import cluster_capacity, set_node_state
+from experiments import services
+from experiments.models import Experiment, Run
+from rl_core.spec import PRESETS, spec_json_schema
+
+ERRORS = {
+    400: OpenApiResponse(s.ErrorSerializer, description="Invalid input; `errors` names each field."),
+    403: OpenApiResponse(s.ErrorSerializer, description="Your role does not allow this."),
+    404: OpenApiResponse(s.ErrorSerializer, description="No such object, or not visible to you."),
+    409: OpenApiResponse(s.ErrorSerializer, description="Conflicts with the current state."),
+}
+
+
+# --- clusters -------------------------------------------------------------------------------
+
+class ClusterViewSet(viewsets.ModelViewSet):
+    """Registered clusters with capacity per device kind. Staff write; every user reads."""
+
+    queryset = Cluster.objects.all()
+    serializer_class = s.ClusterSerializer
+    permission_classes = [IsAuthenticated, IsStaffOrReadOnly]
+    filterset_fields = ["device_type", "status"]
+    search_fields = ["name"]
+    ordering_fields = ["name", "created_at"]
+
+
+class NodeViewSet(viewsets.ModelViewSet):
+    queryset = Node.objects.select_related("cluster")
+    serializer_class = s.NodeSerializer
+    permission_classes = [IsAuthenticated, IsStaffOrReadOnly]
+    filterset_class = NodeFilter
+    search_fields = ["hostname"]
+    ordering_fields = ["hostname", "last_seen"]
+
+    @extend_schema(request=None, responses={200: s.NodeSerializer})
+    @action(detail=True, methods=["post"])
+    def drain(self, request, pk=None):
+        """Place no new attempts on this node; running ones finish."""
+        return Response(s.NodeSerializer(set_node_state(self.get_object(), NodeState.DRAINING)).data)
+
+    @extend_schema(request=None, responses={200: s.NodeSerializer})
+    @action(detail=True, methods=["post"])
+    def undrain(self, request, pk=None):
+        """Make a drained node ready for new attempts again."""
+        return Response(s.NodeSerializer(set_node_state(self.get_object(), NodeState.READY)).data)
+
+
+# --- projects and members -------------------------------------------------------------------
+
+class ProjectViewSet(viewsets.ModelViewSet):
+    """Projects you are a member of. Anyone may create one and becomes its owner."""
+
+    serializer_class = s.ProjectSerializer
+    permission_classes = [IsAuthenticated, ProjectRole]
+    search_fields = ["name", "description"]
+    ordering_fields = ["name", "created_at"]
+
+    def get_queryset(self):
+        return visible_projects(self.request.user).distinct()
+
+    def perform_create(self, serializer):
+        with transaction.atomic():
+            project = serializer.save()
+            Membership.objects.create(project=project, user=self.request.user, role=Role.OWNER)
+
+    @extend_schema(responses={200: s.MembershipSerializer(many=True)}, methods=["GET"])
+    @extend_schema(request=s.MembershipSerializer, responses={201: s.MembershipSerializer, **ERRORS},
+                   methods=["POST"])
+    @action(detail=True, methods=["get", "post"])
+    def members(self, request, pk=None):
+        """List members (any member) or add one with a role (owners)."""
+        project = self.get_object()
+        if request.method == "GET":
+            memberships = project.memberships.select_related("user")
+            return Response(s.MembershipSerializer(memberships, many=True).data)
+        self._require_owner(project)
+        serializer = s.MembershipSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        user = serializer.validated_data["user"]
+        if project.memberships.filter(user=user).exists():
+            raise services.DomainError(f"{user.username} is already a member; PATCH their role instead.")
+        membership = serializer.save(project=project)
+        return Response(s.MembershipSerializer(membership).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=s.MembershipRoleSerializer, responses={200: s.MembershipSerializer, **ERRORS},
+                   methods=["PATCH"])
+    @extend_schema(responses={204: None, **ERRORS}, methods=["DELETE"])
+    @action(detail=True, methods=["patch", "delete"], url_path=r"members/(?P<username>[^/]+)")
+    def member(self, request, pk=None, username=None):
+        """Change a member's role or remove them (owners). The last owner cannot leave."""
+        project = self.get_object()
+        self._require_owner(project)
+        membership = get_object_or_404(project.memberships.select_related("user"), user__username=username)
+        if request.method == "DELETE":
+            self._keep_an_owner(project, membership, new_role=None)
+            membership.delete()
+            return Response(status=status.HTTP_204_NO_CONTENT)
+        serializer = s.MembershipRoleSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        self._keep_an_owner(project, membership, new_role=serializer.validated_data["role"])
+        membership.role = serializer.validated_data["role"]
+        membership.save(update_fields=["role"])
+        return Response(s.MembershipSerializer(membership).data)
+
+    def _require_owner(self, project: Project) -> None:
+        if not project.can_admin(self.request.user):
+            raise PermissionDenied("Only the project's owners may manage its members.")
+
+    @staticmethod
+    def _keep_an_owner(project: Project, membership: Membership, new_role) -> None:
+        if membership.role == Role.OWNER and new_role != Role.OWNER:
+            if project.memberships.filter(role=Role.OWNER).count() == 1:
+                raise services.DomainError(
+                    "A project needs an owner: make another member owner first."
+                )
+
+
+# --- experiments ----------------------------------------------------------------------------
+
+class ExperimentViewSet(viewsets.ModelViewSet):
+    serializer_class = s.ExperimentSerializer
+    permission_classes = [IsAuthenticated, ProjectRole]
+    filterset_fields = ["project"]
+    search_fields = ["name", "description"]
+    ordering_fields = ["name", "created_at"]
+
+    def get_queryset(self):
+        return (
+            Experiment.objects.filter(project__in=visible_projects(self.request.user))
+            .select_related("project", "created_by")
+            .annotate(run_count=Count("runs"))
+            .order_by("project__name", "name")
+        )
+
+    def perform_create(self, serializer):
+        project = serializer.validated_data["project"]
+        if not project.can_write(self.request.user):
+            raise PermissionDenied("Viewers cannot create experiments: ask an owner for the maintainer role.")
+        serializer.save(created_by=self.request.user)
+
+
+# --- runs -----------------------------------------------------------------------------------
+
+@extend_schema_view(
+    list=extend_schema(summary="List runs, newest first (cursor pagination)."),
+    create=extend_schema(
+        summary="Submit a run",
+        request=s.RunSubmitSerializer,
+        parameters=[OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER, required=False,
+                                     description="Repeat-safe submit: the same key returns the first run.")],
+        responses={201: s.RunSerializer, 200: s.RunSerializer, **ERRORS},
+    ),
+)
+class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
+                 viewsets.GenericViewSet):
+    """Runs of the projects you belong to. Submitting stores the run QUEUED for dispatch."""
+
+    permission_classes = [IsAuthenticated, ProjectRole]
+    pagination_class = RunCursorPagination
+    filterset_class = RunFilter
+    search_fields = ["name"]
+    ordering_fields = ["created_at", "priority"]
+
+    def get_queryset(self):
+        runs = Run.objects.filter(experiment__project__in=visible_projects(self.request.user))
+        runs = runs.select_related("experiment", "created_by", "cluster")
+        if self.action == "retrieve":
+            runs = runs.prefetch_related("attempts__cluster")
+        return runs
+
+    def get_serializer_class(self):
+        return {"list": s.RunListSerializer, "create": s.RunSubmitSerializer}.get(self.action, s.RunSerializer)
+
+    def create(self, request, *args, **kwargs):
+        serializer = s.RunSubmitSerializer(data=request.data, context=self.get_serializer_context())
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        experiment = data["experiment"]
+        if not experiment.project.can_write(request.user):
+            raise PermissionDenied("Viewers cannot submit runs: ask an owner for the maintainer role.")
+        submission = services.Submission(
+            spec=data["spec"], overrides=data["overrides"], name=data["name"],
+            priority=data["priority"], max_restarts=data["max_restarts"],
+            cluster=data.get("cluster"), idempotency_key=request.headers.get("Idempotency-Key", "")[:128],
+        )
+        run, created = services.submit_run(experiment, request.user, submission)
+        return Response(s.RunSerializer(run).data,
+                        status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+    @extend_schema(request=s.RunValidateSerializer,
+                   responses={200: s.ValidationResultSerializer, 400: ERRORS[400]})
+    @action(detail=False, methods=["post"])
+    def validate(self, request):
+        """Dry run: validate a spec and show the resolved spec and device request. Stores nothing."""
+        serializer = s.RunValidateSerializer(data=request.data, context=self.get_serializer_context())
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        spec = services.prepare(services.Submission(spec=data["spec"], overrides=data["overrides"],
+                                                    cluster=data.get("cluster")))
+        device_request = spec.device_request()
+        return Response({
+            "valid": True,
+            "spec": spec.model_dump(mode="json"),
+            "device_request": device_request,
+            "clusters": _fitting_clusters(device_request, data.get("cluster")),
+        })
+
+    @extend_schema(request=None, responses={200: s.RunSerializer, **ERRORS})
+    @action(detail=True, methods=["post"])
+    def cancel(self, request, pk=None):
+        """Cancel: at once if not yet launched, else CANCELLING until the job stops. 409 if finished."""
+        run = services.cancel_run(self.get_object(), request.user)
+        return Response(s.RunSerializer(run).data)
+
+    @extend_schema(request=s.CloneSerializer, responses={201: s.RunSerializer, **ERRORS})
+    @action(detail=True, methods=["post"])
+    def clone(self, request, pk=None):
+        """A new QUEUED run with this run's spec, optionally with dotted overrides."""
+        run = self.get_object()
+        serializer = s.CloneSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        clone = services.clone_run(run, request.user, **serializer.validated_data)
+        return Response(s.RunSerializer(clone).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(responses={200: s.RunEventSerializer(many=True)})
+    @action(detail=True, methods=["get"], pagination_class=None, filterset_class=None)
+    def events(self, request, pk=None):
+        """Every state change of the run, oldest first."""
+        run = self.get_object()
+        return Response(s.RunEventSerializer(run.events.all(), many=True).data)
+
+
+def _fitting_clusters(device_request: dict, cluster: Cluster | None) -> list[dict]:
+    kind, count = device_request["device_type"], device_request["device_count"]
+    clusters = [cluster] if cluster else Cluster.objects.all()
+    result = []
+    for candidate in clusters:
+        capacity = cluster_capacity(candidate).get(kind)
+        if capacity is not None or cluster is not None:
+            free = capacity.free if capacity else 0
+            result.append({"name": candidate.name, "free": free, "fits_now": free >= count})
+    return result
+
+
+# --- the run spec ---------------------------------------------------------------------------
+
+class SpecSchemaView(APIView):
+    """The RunSpec JSON Schema: what the submit form and pipelines build specs from."""
+
+    @extend_schema(responses={200: dict})
+    def get(self, request):
+        return Response(spec_json_schema())
+
+
+class SpecPresetsView(APIView):
+    """Per-algorithm defaults that fill every field a submitted spec leaves out."""
+
+    @extend_schema(responses={200: dict})
+    def get(self, request):
+        return Response(PRESETS)
+
+
+# --- tokens ---------------------------------------------------------------------------------
+
+@extend_schema_view(
+    create=extend_schema(responses={201: s.NewTokenSerializer}),
+    destroy=extend_schema(summary="Revoke a token (it stays listed, inactive)."),
+)
+class TokenViewSet(mixins.ListModelMixin, mixins.CreateModelMixin, mixins.RetrieveModelMixin,
+                   mixins.DestroyModelMixin, viewsets.GenericViewSet):
+    """Your API tokens. The token itself is returned once, at creation; only its hash is kept."""
+
+    serializer_class = s.TokenSerializer
+
+    def get_queryset(self):
+        return ApiToken.objects.filter(user=self.request.user)
+
+    def create(self, request, *args, **kwargs):
+        serializer = s.TokenSerializer(data=request.data, context=self.get_serializer_context())
+        serializer.is_valid(raise_exception=True)
+        token = serializer.save()
+        return Response(s.NewTokenSerializer(token).data, status=status.HTTP_201_CREATED)
+
+    def perform_destroy(self, instance):
+        instance.revoke()
+
+
+class MeView(APIView):
+    """Who the request is authenticated as."""
+
+    @extend_schema(responses={200: dict})
+    def get(self, request):
+        user = request.user
+        return Response({
+            "username": user.get_username(),
+            "is_staff": user.is_staff,
+            "projects": [
+                {"id": m.project_id, "name": m.project.name, "role": m.role}
+                for m in user.memberships.select_related("project")
+            ],
+            "server_time": timezone.now(),
+        })
+
+

@@ -1,0 +1,1 @@
+"""Ascent's Django project: settings, URLs, WSGI/ASGI entry points."""

@@ -1,0 +1,164 @@
+"""Ascent settings: everything comes from the environment, with embedded defaults.
+
+The defaults run the whole platform on one machine with no services installed: SQLite under
+var/, the Celery SQLAlchemy transport on SQLite, an MLflow server on localhost. Production sets
+DATABASE_URL, CELERY_BROKER_URL, REDIS_URL, MLFLOW_TRACKING_URI, SECRET_KEY and ALLOWED_HOSTS and
+uses `ascent.settings_production`, which refuses unsafe values.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ascent.envconf import env_bool, env_database, env_int, env_list, env_str, env_url
+
+BASE_DIR = Path(__file__).resolve().parents[2]
+VAR_DIR = Path(env_str("ASCENT_VAR_DIR", str(BASE_DIR / "var")))
+VAR_DIR.mkdir(parents=True, exist_ok=True)
+
+INSECURE_DEFAULT_SECRET_KEY = "ascent-insecure-development-key-change-me"
+SECRET_KEY = env_str("SECRET_KEY", INSECURE_DEFAULT_SECRET_KEY)
+DEBUG = env_bool("DEBUG", True)
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]", "testserver"])
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "django_filters",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "accounts",
+    "clusters",
+    "experiments",
+    "api",
+]
+
+MIDDLEWARE = [
+    "ascent.middleware.BodySizeLimitMiddleware",
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "ascent.urls"
+WSGI_APPLICATION = "ascent.wsgi.application"
+ASGI_APPLICATION = "ascent.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {"default": env_database("DATABASE_URL", f"sqlite:///{VAR_DIR / 'ascent.sqlite3'}")}
+DATABASES["default"].setdefault("CONN_MAX_AGE", env_int("DATABASE_CONN_MAX_AGE", 0, minimum=0))
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+REDIS_URL = env_url("REDIS_URL", "", schemes=("redis", "rediss")) if env_str("REDIS_URL", "") else ""
+CACHES = {
+    "default": (
+        {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}
+        if REDIS_URL
+        else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
+    )
+}
+
+CELERY_BROKER_URL = env_url(
+    "CELERY_BROKER_URL",
+    f"sqla+sqlite:///{VAR_DIR / 'celery-broker.sqlite3'}",
+    schemes=("redis", "rediss", "amqp", "amqps", "pyamqp", "sqla+sqlite", "sqla+postgresql"),
+)
+MLFLOW_TRACKING_URI = env_url(
+    "MLFLOW_TRACKING_URI", "http://127.0.0.1:5000", schemes=("http", "https", "file", "sqlite")
+)
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = env_str("TIME_ZONE", "UTC")
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+
+# Request bodies above this size are answered 413 before any view reads them.
+ASCENT_MAX_BODY_BYTES = env_int("ASCENT_MAX_BODY_BYTES", 1_048_576, minimum=1024)
+DATA_UPLOAD_MAX_MEMORY_SIZE = ASCENT_MAX_BODY_BYTES
+# API tokens live this many days unless the creator asks otherwise (0 = never expire).
+ASCENT_TOKEN_DEFAULT_DAYS = env_int("ASCENT_TOKEN_DEFAULT_DAYS", 90, minimum=0)
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "accounts.authentication.BearerTokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_FILTER_BACKENDS": [
+        "django_filters.rest_framework.DjangoFilterBackend",
+        "rest_framework.filters.OrderingFilter",
+        "rest_framework.filters.SearchFilter",
+    ],
+    "DEFAULT_PAGINATION_CLASS": "api.pagination.PageNumberPagination",
+    "PAGE_SIZE": 50,
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "api.errors.exception_handler",
+    "DEFAULT_RENDERER_CLASSES": [
+        "rest_framework.renderers.JSONRenderer",
+        "rest_framework.renderers.BrowsableAPIRenderer",
+    ],
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Ascent API",
+    "DESCRIPTION": (
+        "Submit and manage reinforcement-learning post-training runs (GRPO, DAPO, PPO, DPO), "
+        "experiments, projects and cluster inventories. Authenticate with `Authorization: Bearer "
+        "<token>` (create one with `python manage.py createtoken USER` or POST /api/v1/tokens/)."
+    ),
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    # Swagger UI assets come from the drf-spectacular-sidecar package, so the docs work offline.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+    "SCHEMA_PATH_PREFIX": r"/api/v1",
+    "ENUM_NAME_OVERRIDES": {
+        "RunStateEnum": "experiments.choices.RunState",
+        "ProjectRoleEnum": "accounts.choices.Role",
+        "DeviceKindEnum": "clusters.choices.DeviceKind",
+    },
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+}

@@ -1,0 +1,1 @@
+"""Cluster inventory: clusters, nodes, devices, health and capacity."""

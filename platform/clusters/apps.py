@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class ClustersConfig(AppConfig):
+    name = "clusters"
+    verbose_name = "Clusters"

@@ -1,0 +1,85 @@
+"""Clusters and their nodes, as registered by admins and refreshed by the probe."""
+
+from __future__ import annotations
+
+from django.core.exceptions import ValidationError
+from django.core.validators import MinValueValidator
+from django.db import models
+
+from accounts.models import slug_validator
+from clusters.choices import ClusterStatus, DeviceKind, DeviceType, NodeState, kind_of
+
+
+def validate_labels(value) -> None:
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise ValidationError('Labels must be an object of strings, e.g. {"zone": "a"}.')
+
+
+class Cluster(models.Model):
+    """A Ray cluster that runs training jobs, reached through its dashboard (Jobs API) address."""
+
+    name = models.CharField(max_length=63, unique=True, validators=[slug_validator])
+    device_type = models.CharField(
+        max_length=8,
+        choices=DeviceKind.choices,
+        default=DeviceKind.CPU,
+        help_text="The accelerator kind its training nodes provide.",
+    )
+    ray_address = models.CharField(
+        max_length=255, help_text="Ray dashboard / Jobs API address, e.g. http://head:8265"
+    )
+    status = models.CharField(
+        max_length=16, choices=ClusterStatus.choices, default=ClusterStatus.UNKNOWN
+    )
+    labels = models.JSONField(default=dict, blank=True, validators=[validate_labels])
+    last_probe_at = models.DateTimeField(null=True, blank=True)
+    last_probe_error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Node(models.Model):
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="nodes")
+    hostname = models.CharField(max_length=255)
+    address = models.GenericIPAddressField(null=True, blank=True)
+    device_type = models.CharField(
+        max_length=16, choices=DeviceType.choices, default=DeviceType.CPU
+    )
+    device_count = models.PositiveIntegerField(default=0)
+    healthy_device_count = models.PositiveIntegerField(default=0)
+    memory_bytes = models.PositiveBigIntegerField(default=0)
+    cpu_count = models.PositiveIntegerField(default=0, validators=[MinValueValidator(0)])
+    labels = models.JSONField(default=dict, blank=True, validators=[validate_labels])
+    state = models.CharField(max_length=16, choices=NodeState.choices, default=NodeState.READY)
+    last_seen = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["cluster", "hostname"]
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "hostname"], name="unique_node_hostname"),
+            models.CheckConstraint(
+                condition=models.Q(healthy_device_count__lte=models.F("device_count")),
+                name="healthy_devices_at_most_devices",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.hostname} ({self.cluster})"
+
+    @property
+    def device_kind(self) -> DeviceKind:
+        return kind_of(self.device_type)
+
+    def clean(self) -> None:
+        if self.healthy_device_count > self.device_count:
+            raise ValidationError(
+                {"healthy_device_count": "Cannot exceed device_count."}
+            )

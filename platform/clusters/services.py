@@ -1,0 +1,76 @@
+"""Capacity arithmetic and node actions."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from django.db.models import Sum
+
+from clusters.choices import DeviceKind, NodeState, kind_of
+from clusters.models import Cluster, Node
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """Devices of one kind on a cluster. `free` never goes below zero."""
+
+    total: int  # installed on nodes that are not down
+    healthy: int  # healthy on ready nodes: what can be scheduled
+    held: int  # held by active attempts
+    free: int
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+def compute_capacity(nodes: list[tuple[str, str, int, int]], held: dict[str, int]) -> dict[str, Capacity]:
+    """Pure capacity arithmetic.
+
+    nodes: (device_type, state, device_count, healthy_device_count) per node.
+    held: devices held by active attempts, by kind. Returns a Capacity for every kind present.
+    """
+    totals: dict[str, list[int]] = {}
+    for device_type, state, count, healthy in nodes:
+        kind = kind_of(device_type).value
+        entry = totals.setdefault(kind, [0, 0])
+        if state != NodeState.DOWN:
+            entry[0] += count
+        if state == NodeState.READY:
+            entry[1] += healthy
+    for kind in held:
+        totals.setdefault(kind, [0, 0])
+    return {
+        kind: Capacity(total, healthy, held.get(kind, 0), max(0, healthy - held.get(kind, 0)))
+        for kind, (total, healthy) in sorted(totals.items())
+    }
+
+
+def held_devices(cluster: Cluster) -> dict[str, int]:
+    """Devices held on the cluster by attempts that have not ended, by kind."""
+    from experiments.models import Attempt  # experiments depends on clusters, not the reverse
+
+    rows = (
+        Attempt.objects.filter(cluster=cluster, ended_at__isnull=True)
+        .values("run__device_type")
+        .annotate(n=Sum("device_count"))
+    )
+    return {row["run__device_type"]: row["n"] or 0 for row in rows}
+
+
+def cluster_capacity(cluster: Cluster) -> dict[str, Capacity]:
+    nodes = list(
+        cluster.nodes.values_list("device_type", "state", "device_count", "healthy_device_count")
+    )
+    return compute_capacity(nodes, held_devices(cluster))
+
+
+def free_devices(cluster: Cluster, kind: DeviceKind | str) -> int:
+    cap = cluster_capacity(cluster).get(str(kind))
+    return cap.free if cap else 0
+
+
+def set_node_state(node: Node, state: NodeState) -> Node:
+    """Drain (no new attempts placed here), undrain (ready again) or mark down."""
+    Node.objects.filter(pk=node.pk).update(state=state)
+    node.refresh_from_db()
+    return node

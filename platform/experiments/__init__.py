@@ -1,0 +1,1 @@
+"""Experiments, runs, attempts, run events and the run state machine."""

@@ -1,0 +1,140 @@
+"""Experiments group runs; a run is one training job, tried in one or more attempts."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+
+from accounts.models import Project
+from clusters.choices import DeviceKind
+from clusters.models import Cluster
+from experiments.choices import TERMINAL_STATES, RunState
+
+
+class Experiment(models.Model):
+    """A named series of runs in a project; one MLflow experiment."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="experiments")
+    name = models.CharField(max_length=128)
+    description = models.TextField(blank=True)
+    mlflow_experiment_id = models.CharField(max_length=64, blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["project", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["project", "name"], name="unique_experiment_name")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.project}/{self.name}"
+
+
+class Run(models.Model):
+    """One training job: a validated spec, a device request and a state."""
+
+    experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="runs")
+    name = models.CharField(max_length=128, blank=True)
+    spec = models.JSONField(help_text="The resolved RunSpec (rl_core.spec), as the trainer reads it.")
+    algorithm = models.CharField(max_length=16, db_index=True)
+    state = models.CharField(
+        max_length=16, choices=RunState.choices, default=RunState.QUEUED, db_index=True
+    )
+    priority = models.IntegerField(
+        default=0,
+        validators=[MinValueValidator(-100), MaxValueValidator(100)],
+        help_text="Higher runs first; ties go to the oldest.",
+    )
+    device_type = models.CharField(max_length=8, choices=DeviceKind.choices)
+    device_count = models.PositiveIntegerField()
+    cluster = models.ForeignKey(
+        Cluster,
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="requested_runs",
+        help_text="Run only on this cluster; empty = any cluster that fits.",
+    )
+    max_restarts = models.PositiveIntegerField(default=0, validators=[MaxValueValidator(20)])
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, related_name="runs"
+    )
+    cloned_from = models.ForeignKey(
+        "self", on_delete=models.SET_NULL, null=True, blank=True, related_name="clones"
+    )
+    idempotency_key = models.CharField(max_length=128, blank=True)
+    mlflow_run_id = models.CharField(max_length=64, blank=True)
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["created_by", "idempotency_key"],
+                condition=~models.Q(idempotency_key=""),
+                name="unique_run_idempotency_key",
+            )
+        ]
+        indexes = [models.Index(fields=["state", "-priority", "created_at"])]
+
+    def __str__(self) -> str:
+        return f"run {self.pk} ({self.state})"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+    @property
+    def project(self) -> Project:
+        return self.experiment.project
+
+
+class Attempt(models.Model):
+    """One launch of a run as a Ray job; a restart from checkpoint is a new attempt."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="attempts")
+    number = models.PositiveIntegerField()
+    ray_submission_id = models.CharField(max_length=128, unique=True)
+    cluster = models.ForeignKey(Cluster, on_delete=models.PROTECT, related_name="attempts")
+    device_count = models.PositiveIntegerField(help_text="Devices held while the attempt is active.")
+    started_at = models.DateTimeField(auto_now_add=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    exit_message = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["run", "number"]
+        constraints = [models.UniqueConstraint(fields=["run", "number"], name="unique_attempt_number")]
+
+    def __str__(self) -> str:
+        return f"attempt {self.number} of run {self.run_id}"
+
+    @staticmethod
+    def submission_id(run_id: int, number: int) -> str:
+        """Derived from run and attempt, so a repeated launch finds the job instead of adding one."""
+        return f"ascent-run-{run_id}-attempt-{number}"
+
+
+class RunEvent(models.Model):
+    """One state change of a run: who, when, from what, to what, and why."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events")
+    from_state = models.CharField(max_length=16, choices=RunState.choices, blank=True)
+    to_state = models.CharField(max_length=16, choices=RunState.choices)
+    created_at = models.DateTimeField(auto_now_add=True)
+    actor = models.CharField(max_length=150, help_text="A username, or 'system:<component>'.")
+    message = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["run", "created_at", "id"]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id}: {self.from_state or '∅'} → {self.to_state}"

@@ -1,0 +1,195 @@
+"""Domain actions on runs: submit, transition, cancel, clone.
+
+Every state change goes through `transition`, a conditional UPDATE (`WHERE state = <seen>`)
+that writes a RunEvent in the same transaction, so a redelivered message or a second worker
+acting on the same run cannot both succeed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from django.db import IntegrityError, transaction
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+
+from clusters.choices import DeviceKind
+from clusters.models import Cluster
+from experiments.choices import ACTIVE_STATES, TERMINAL_STATES, RunState, can_transition
+from experiments.models import Experiment, Run, RunEvent
+from rl_core.spec import RunSpec, resolve_spec
+
+# How often `transition` re-reads a run whose state changed under it before giving up.
+_TRANSITION_TRIES = 3
+
+
+class DomainError(Exception):
+    """A request that conflicts with the current state of the domain (HTTP 409)."""
+
+
+class IllegalTransition(DomainError):
+    def __init__(self, run_id: int, current: str, target: str, hint: str = ""):
+        self.run_id, self.current, self.target = run_id, current, target
+        text = f"Run {run_id} is {current}; it cannot move to {target}."
+        super().__init__(f"{text} {hint}".strip())
+
+
+class RequestError(ValueError):
+    """Input that is well-formed but does not fit the domain (HTTP 400). `field` names it."""
+
+    def __init__(self, field: str, message: str):
+        self.field = field
+        super().__init__(message)
+
+
+def actor_name(user) -> str:
+    return user.get_username() if user is not None and user.is_authenticated else "anonymous"
+
+
+def transition(
+    run: Run | int,
+    target: RunState | str,
+    *,
+    actor: str,
+    message: str = "",
+    expected: RunState | str | None = None,
+    error: str | None = None,
+) -> Run:
+    """Move a run to `target` and record a RunEvent; returns the fresh run.
+
+    With `expected`, the move happens only from that state (the caller acted on what it saw).
+    Raises IllegalTransition when the current state does not allow the move.
+    """
+    run_id = run if isinstance(run, int) else run.pk
+    target = RunState(target)
+    for _ in range(_TRANSITION_TRIES):
+        current = Run.objects.filter(pk=run_id).values_list("state", flat=True).get()
+        if expected is not None and current != expected:
+            raise IllegalTransition(run_id, current, target, f"(expected {expected})")
+        if not can_transition(current, target):
+            raise IllegalTransition(run_id, current, target)
+        with transaction.atomic():
+            if _conditional_update(run_id, current, target, error):
+                RunEvent.objects.create(
+                    run_id=run_id, from_state=current, to_state=target, actor=actor, message=message
+                )
+                return Run.objects.get(pk=run_id)
+        # Another actor changed the state between the read and the UPDATE: judge it again.
+    current = Run.objects.filter(pk=run_id).values_list("state", flat=True).get()
+    raise IllegalTransition(run_id, current, target, "(it kept changing concurrently)")
+
+
+def _conditional_update(run_id: int, current: str, target: RunState, error: str | None) -> bool:
+    now = timezone.now()
+    updates: dict = {"state": target, "updated_at": now}
+    if target == RunState.RUNNING:
+        updates["started_at"] = Coalesce("started_at", now)
+    if target in TERMINAL_STATES:
+        updates["finished_at"] = now
+    if error is not None:
+        updates["error"] = error
+    return Run.objects.filter(pk=run_id, state=current).update(**updates) == 1
+
+
+@dataclass(frozen=True)
+class Submission:
+    """What a submit or a dry run needs beyond the spec itself."""
+
+    spec: Mapping
+    overrides: Sequence[str] = ()
+    name: str = ""
+    priority: int = 0
+    max_restarts: int = 0
+    cluster: Cluster | None = None
+    idempotency_key: str = ""
+
+
+def check_cluster(spec: RunSpec, cluster: Cluster | None) -> None:
+    """A requested cluster must offer the device kind the spec asks for."""
+    kind = spec.device_request()["device_type"]
+    if cluster is not None and kind != DeviceKind.CPU and cluster.device_type != kind:
+        raise RequestError(
+            "cluster",
+            f"Cluster {cluster.name} provides {cluster.device_type} devices but the spec asks for "
+            f"{kind}: set spec resources.device_type={cluster.device_type} or pick another cluster.",
+        )
+
+
+def prepare(submission: Submission) -> RunSpec:
+    """Resolve and check a submission without saving anything (the dry run)."""
+    spec = resolve_spec(submission.spec, submission.overrides)
+    check_cluster(spec, submission.cluster)
+    return spec
+
+
+def submit_run(experiment: Experiment, user, submission: Submission) -> tuple[Run, bool]:
+    """Store a validated run as QUEUED. Returns (run, created).
+
+    A repeated submission with the same idempotency key by the same user returns the first run.
+    """
+    if submission.idempotency_key:
+        existing = Run.objects.filter(
+            created_by=user, idempotency_key=submission.idempotency_key
+        ).first()
+        if existing is not None:
+            return existing, False
+    spec = prepare(submission)
+    request = spec.device_request()
+    try:
+        with transaction.atomic():
+            run = Run.objects.create(
+                experiment=experiment,
+                name=submission.name or spec.name or "",
+                spec=spec.model_dump(mode="json"),
+                algorithm=spec.algorithm,
+                priority=submission.priority,
+                device_type=request["device_type"],
+                device_count=request["device_count"],
+                cluster=submission.cluster,
+                max_restarts=submission.max_restarts,
+                created_by=user,
+                idempotency_key=submission.idempotency_key,
+            )
+            RunEvent.objects.create(
+                run=run, from_state="", to_state=RunState.QUEUED, actor=actor_name(user),
+                message="submitted",
+            )
+    except IntegrityError:
+        # Two identical submissions raced past the lookup; the other one was stored.
+        existing = Run.objects.filter(created_by=user, idempotency_key=submission.idempotency_key)
+        if submission.idempotency_key and existing.exists():
+            return existing.get(), False
+        raise
+    return run, True
+
+
+def cancel_run(run: Run, user) -> Run:
+    """Cancel now if nothing was launched; otherwise ask the worker to stop it (CANCELLING)."""
+    actor = actor_name(user)
+    if run.state == RunState.CANCELLING:
+        return run
+    if run.state == RunState.QUEUED:
+        return transition(run, RunState.CANCELLED, actor=actor, message="cancelled before launch",
+                          expected=RunState.QUEUED)
+    if run.state in ACTIVE_STATES:
+        return transition(run, RunState.CANCELLING, actor=actor, message="cancel requested",
+                          expected=run.state)
+    raise IllegalTransition(run.pk, run.state, RunState.CANCELLING, "It has already finished.")
+
+
+def clone_run(run: Run, user, *, overrides: Sequence[str] = (), name: str = "",
+              priority: int | None = None) -> Run:
+    """A new QUEUED run with the same spec (plus overrides) in the same experiment."""
+    submission = Submission(
+        spec=run.spec,
+        overrides=overrides,
+        name=name or (f"{run.name} (clone)" if run.name else ""),
+        priority=run.priority if priority is None else priority,
+        max_restarts=run.max_restarts,
+        cluster=run.cluster,
+    )
+    clone, _ = submit_run(run.experiment, user, submission)
+    Run.objects.filter(pk=clone.pk).update(cloned_from=run)
+    clone.refresh_from_db()
+    return clone

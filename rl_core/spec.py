@@ -1,0 +1,1202 @@
+"""The run spec: one typed, documented description of an RL post-training run.
+
+`RunSpec` is the contract between the platform and the trainer: the API validates submissions
+with it, the UI builds its form from its JSON Schema, the docs list its fields and the trainer
+reads it. This module imports only pydantic, PyYAML and the standard library, so the web process
+can validate a spec without torch.
+
+A spec is resolved in three steps (`resolve_spec`): dotted overrides are applied to the user's
+mapping, the algorithm's preset fills what the user left out, and the model validates field
+types, then cross-field rules (`_RULES`) whose messages say what to change.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import json
+import types
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticUndefined, to_jsonable_python
+
+ALGORITHMS = ("grpo", "dapo", "ppo", "dpo")
+DEVICE_TYPES = ("npu", "gpu", "cpu")
+
+Algorithm = Literal["grpo", "dapo", "ppo", "dpo"]
+DeviceType = Literal["npu", "gpu", "cpu"]
+AdvEstimator = Literal[
+    "grpo", "dr_grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "gae"
+]
+KLType = Literal["k1", "abs", "k2", "k3", "low_var_kl", "mse"]
+LossAggMode = Literal[
+    "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"
+]
+
+# Estimators whose baseline comes from the other responses to the same prompt.
+GROUP_ESTIMATORS = frozenset({"grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline"})
+
+
+class _Strict(BaseModel):
+    # Unknown keys are errors; numbers given for text fields (name: 2024) become text.
+    model_config = ConfigDict(extra="forbid", coerce_numbers_to_str=True)
+
+
+# --------------------------------------------------------------------------- sections
+
+
+class ModelConfig(_Strict):
+    """The policy model: what is trained and generates."""
+
+    path: str = Field(
+        "tiny:small",
+        min_length=1,
+        description="Hugging Face model folder, or `tiny:<size>` for the built-in tiny model "
+        "used by tests and CPU runs.",
+    )
+    tokenizer_path: str | None = Field(
+        None, description="Tokenizer folder; null uses `model.path`."
+    )
+    dtype: Literal["bfloat16", "float16", "float32"] = Field(
+        "float32", description="Parameter and compute dtype (bfloat16 on NPU/GPU, float32 on CPU)."
+    )
+    trust_remote_code: bool = Field(
+        False, description="Allow model code shipped inside the model folder to run."
+    )
+    gradient_checkpointing: bool = Field(
+        False, description="Recompute activations during backward to save device memory."
+    )
+
+
+class SyntheticData(_Strict):
+    """Generated arithmetic prompts with exact answers, for tests and smoke runs."""
+
+    task: Literal["addition", "multiplication", "countdown"] = Field(
+        "addition", description="Which generated task to use."
+    )
+    digits: int = Field(2, ge=1, le=9, description="Digits per operand.")
+    num_train: int = Field(256, gt=0, description="Number of training prompts.")
+    num_val: int = Field(32, ge=0, description="Number of validation prompts.")
+
+
+class DataConfig(_Strict):
+    """Prompts (and, for DPO, preference pairs) and how they are batched."""
+
+    train_files: list[str] = Field(
+        default_factory=list,
+        description="Training files (jsonl or parquet), one record per prompt. "
+        "Set this or `data.synthetic`.",
+    )
+    val_files: list[str] = Field(default_factory=list, description="Validation files.")
+    synthetic: SyntheticData | None = Field(
+        None, description="Generated data instead of files; null when files are used."
+    )
+    prompt_key: str = Field("prompt", description="Record field holding the prompt.")
+    answer_key: str = Field(
+        "answer", description="Record field holding the reference answer given to rewards."
+    )
+    chosen_key: str | None = Field(
+        None, description="DPO: record field holding the preferred response."
+    )
+    rejected_key: str | None = Field(
+        None, description="DPO: record field holding the rejected response."
+    )
+    prompt_template: str = Field(
+        "chat",
+        min_length=1,
+        description="`chat` applies the tokenizer's chat template; another name selects a "
+        "template registered in `rl_core.data`.",
+    )
+    max_prompt_length: int = Field(
+        128, gt=0, description="Longest prompt in tokens; longer prompts are skipped."
+    )
+    shuffle: bool = Field(True, description="Shuffle training prompts every epoch.")
+    train_batch_size: int = Field(
+        4,
+        gt=0,
+        description="Prompts per training step; each yields `rollout.n_samples_per_prompt` "
+        "responses.",
+    )
+    val_batch_size: int = Field(8, gt=0, description="Prompts per validation generation batch.")
+
+
+class RolloutConfig(_Strict):
+    """Response generation. `tensor_parallel_size` here is the inference layout."""
+
+    engine: Literal["native", "vllm"] = Field(
+        "native",
+        description="`native` generates with the training weights in the same process; "
+        "`vllm` uses vLLM / vllm-ascend.",
+    )
+    n_samples_per_prompt: int = Field(
+        4,
+        gt=0,
+        description="Responses generated per prompt: the group of GRPO-family estimators, "
+        "2 for a DPO pair.",
+    )
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass; 1 disables.")
+    top_k: int = Field(
+        -1, ge=-1, description="Sample among the k likeliest tokens; -1 or 0 disables."
+    )
+    min_p: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="Drop tokens below this fraction of the top probability; 0 disables.",
+    )
+    max_new_tokens: int = Field(
+        64, gt=0, description="Longest response in tokens (response length)."
+    )
+    do_sample: bool = Field(
+        True,
+        description="Sample; false decodes greedily and ignores temperature, top_p, top_k, min_p.",
+    )
+    gpu_memory_utilization: float = Field(
+        0.5, gt=0, le=1, description="vLLM: fraction of device memory for weights and KV cache."
+    )
+    partial_rollout_max_split: int = Field(
+        0,
+        ge=0,
+        description="Partial rollout: finish the longest responses over up to N steps so one "
+        "long response does not stall a step; 0 or 1 turns it off.",
+    )
+    tensor_parallel_size: int = Field(
+        1,
+        gt=0,
+        description="Inference tensor-parallel size; may differ from "
+        "`parallel.tensor_parallel_size` (weights are resharded).",
+    )
+    log_prob_micro_batch_size: int = Field(
+        4, gt=0, description="Responses per device per forward when computing old log-probs."
+    )
+
+
+class OffloadConfig(_Strict):
+    """What the actor keeps in host memory while it is not training."""
+
+    param: bool = Field(False, description="Offload parameters to host memory between updates.")
+    optimizer: bool = Field(
+        False, description="Offload optimizer state to host memory between updates."
+    )
+
+
+class ActorConfig(_Strict):
+    """The policy update: optimizer, PPO-style clipped loss, KL loss and batching."""
+
+    lr: float = Field(1e-5, gt=0, description="Learning rate.")
+    weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay.")
+    warmup_steps: int = Field(0, ge=0, description="Linear learning-rate warmup steps.")
+    lr_scheduler: Literal["constant", "cosine", "linear"] = Field(
+        "constant", description="Learning-rate schedule after warmup."
+    )
+    grad_clip: float = Field(
+        1.0, ge=0, description="Clip the global gradient norm to this; 0 disables."
+    )
+    ppo_mini_batch_size: int = Field(
+        2,
+        gt=0,
+        description="Prompts per optimizer step (verl's convention): one step updates on "
+        "ppo_mini_batch_size × n_samples_per_prompt responses.",
+    )
+    ppo_micro_batch_size: int = Field(
+        2,
+        gt=0,
+        description="Responses per device per forward/backward (gradient accumulation unit); "
+        "ignored with `use_dynamic_bsz`.",
+    )
+    ppo_epochs: int = Field(1, gt=0, description="Passes over each step's responses.")
+    clip_ratio_low: float = Field(
+        0.2, ge=0, description="Lower clip of the probability ratio: 1 - low."
+    )
+    clip_ratio_high: float = Field(
+        0.2, ge=0, description="Upper clip of the probability ratio: 1 + high (DAPO clip-higher)."
+    )
+    clip_ratio_c: float = Field(
+        3.0, gt=1, description="Dual-clip bound on the loss of negative-advantage tokens."
+    )
+    policy_loss: Literal["vanilla", "gspo"] = Field(
+        "vanilla", description="`vanilla`: token-level PPO clip; `gspo`: sequence-level ratio."
+    )
+    loss_agg_mode: LossAggMode = Field(
+        "token-mean", description="How token losses are averaged into the batch loss."
+    )
+    entropy_coeff: float = Field(0.0, ge=0, description="Weight of the entropy bonus.")
+    use_kl_loss: bool = Field(
+        True, description="Add a KL(policy ‖ reference) term to the loss (needs the reference)."
+    )
+    kl_loss_coef: float = Field(0.001, ge=0, description="Weight of the KL loss.")
+    kl_loss_type: KLType = Field(
+        "low_var_kl",
+        description="KL estimator: k1, abs, k2 (alias mse), k3 (alias low_var_kl).",
+    )
+    use_remove_padding: bool = Field(
+        False, description="Pack sequences without padding (remove-padding) for forward passes."
+    )
+    use_dynamic_bsz: bool = Field(
+        False,
+        description="Form micro-batches by token count (`max_token_len_per_gpu`) instead of size.",
+    )
+    max_token_len_per_gpu: int = Field(
+        1024, gt=0, description="Token budget of a micro-batch per device with `use_dynamic_bsz`."
+    )
+    offload: OffloadConfig = Field(
+        default_factory=OffloadConfig, description="Host-memory offload of the actor."
+    )
+
+
+class OverlongBuffer(_Strict):
+    """DAPO soft overlong punishment of responses near `rollout.max_new_tokens`."""
+
+    enable: bool = Field(False, description="Penalise responses that enter the buffer.")
+    len: int = Field(
+        16, gt=0, description="Buffer length in tokens, counted back from `rollout.max_new_tokens`."
+    )
+    penalty_factor: float = Field(
+        1.0, ge=0, description="Penalty at the maximum length, linear over the buffer."
+    )
+
+
+class DynamicSampling(_Strict):
+    """DAPO dynamic sampling: drop prompt groups whose rewards are all equal."""
+
+    enable: bool = Field(
+        False, description="Keep generating until a step has enough informative groups."
+    )
+    max_num_gen_batches: int = Field(
+        10, ge=0, description="Most generation batches per step; 0 means no limit."
+    )
+
+
+class AdvantageConfig(_Strict):
+    """Advantage estimation and reward shaping."""
+
+    adv_estimator: AdvEstimator | None = Field(
+        "grpo", description="Advantage estimator; null for DPO, which has none."
+    )
+    gamma: float = Field(1.0, ge=0, le=1, description="Discount factor (gae, reinforce_plus_plus).")
+    lam: float = Field(1.0, ge=0, le=1, description="GAE lambda.")
+    norm_adv_by_std_in_grpo: bool = Field(
+        True, description="Divide group-relative advantages by the group's std (false: Dr. GRPO)."
+    )
+    use_kl_in_reward: bool = Field(
+        False, description="Subtract a KL(policy ‖ reference) penalty from the reward."
+    )
+    kl_penalty: KLType = Field("k1", description="KL estimator of the in-reward penalty.")
+    kl_ctrl: Literal["fixed", "adaptive"] = Field(
+        "fixed", description="In-reward KL coefficient: fixed, or adapted toward `kl_target`."
+    )
+    kl_coef: float = Field(0.001, ge=0, description="(Initial) in-reward KL coefficient.")
+    kl_target: float = Field(0.1, gt=0, description="Adaptive KL control: target KL.")
+    kl_horizon: int = Field(10000, gt=0, description="Adaptive KL control: horizon in steps.")
+    overlong_buffer: OverlongBuffer = Field(
+        default_factory=OverlongBuffer, description="DAPO overlong reward shaping."
+    )
+    dynamic_sampling: DynamicSampling = Field(
+        default_factory=DynamicSampling, description="DAPO dynamic sampling."
+    )
+
+
+class DPOConfig(_Strict):
+    """Direct preference optimisation (used when `algorithm` is dpo)."""
+
+    beta: float = Field(0.1, gt=0, description="Strength of the implicit KL constraint.")
+    loss_type: Literal["sigmoid", "ipo", "hinge"] = Field(
+        "sigmoid", description="DPO loss variant."
+    )
+    label_smoothing: float = Field(
+        0.0, ge=0, lt=0.5, description="Assumed label noise of the pairs (conservative DPO)."
+    )
+    sft_loss_coef: float = Field(
+        0.0, ge=0, description="Weight of an added NLL loss on the chosen responses."
+    )
+
+
+class ReferenceConfig(_Strict):
+    """The frozen reference policy used by KL terms and DPO."""
+
+    enable: bool = Field(True, description="Run a reference model.")
+    offload: bool = Field(
+        False, description="Keep reference parameters in host memory between uses."
+    )
+    log_prob_micro_batch_size: int = Field(
+        4, gt=0, description="Responses per device per forward when computing reference log-probs."
+    )
+
+
+class CriticConfig(_Strict):
+    """The value model (PPO only)."""
+
+    enable: bool = Field(False, description="Train a critic; PPO requires it, others forbid it.")
+    model_path: str | None = Field(
+        None, description="Critic initialisation; null uses `model.path`."
+    )
+    lr: float = Field(1e-5, gt=0, description="Critic learning rate.")
+    cliprange_value: float = Field(0.5, gt=0, description="Clip range of the value loss.")
+    ppo_micro_batch_size: int = Field(
+        2, gt=0, description="Responses per device per critic forward/backward."
+    )
+    warmup_steps: int = Field(0, ge=0, description="Critic learning-rate warmup steps.")
+
+
+class RewardFunctionSpec(_Strict):
+    """One rule-based reward function from `rl_core.rewards`."""
+
+    name: str = Field(
+        min_length=1, description="Registered name, e.g. `math_accuracy`, `format`, `exact_match`."
+    )
+    weight: float = Field(1.0, description="Weight of this function in the summed reward.")
+    kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments passed to the function."
+    )
+
+
+class RewardConfig(_Strict):
+    """How responses are scored."""
+
+    functions: list[RewardFunctionSpec] = Field(
+        default_factory=lambda: [RewardFunctionSpec(name="math_accuracy")],
+        description="Rule-based rewards, summed with their weights.",
+    )
+    timeout_s: float = Field(10.0, gt=0, description="Time limit per response for each function.")
+    reward_model: str | None = Field(
+        None, description="Optional reward-model folder scored in addition."
+    )
+
+
+class ParallelConfig(_Strict):
+    """Training layout. The inference layout is `rollout.tensor_parallel_size`."""
+
+    tensor_parallel_size: int = Field(1, gt=0, description="Training tensor-parallel size.")
+    pipeline_parallel_size: int = Field(1, gt=0, description="Training pipeline-parallel size.")
+    context_parallel_size: int = Field(
+        1, gt=0, description="Context-parallel size: each sequence is split over this many devices."
+    )
+    context_parallel_algo: Literal["ulysses", "ring"] = Field(
+        "ulysses",
+        description="Context-parallel algorithm: all-to-all over heads, or ring attention.",
+    )
+    data_parallel_size: int | None = Field(
+        None, gt=0, description="Null derives it: devices / (tensor × pipeline × context parallel)."
+    )
+    colocate_actor_rollout: bool = Field(
+        True,
+        description="Actor and rollout share devices, switching between training and generation.",
+    )
+    resharding: Literal["auto", "none"] = Field(
+        "auto",
+        description="`auto` reshards weights between training and inference layouts; `none` "
+        "requires identical layouts.",
+    )
+
+
+class ResourcesConfig(_Strict):
+    """What the run asks the scheduler for."""
+
+    device_type: DeviceType = Field("cpu", description="Accelerator kind: npu, gpu or cpu.")
+    num_nodes: int = Field(1, gt=0, description="Machines.")
+    devices_per_node: int = Field(
+        1, gt=0, description="Devices per machine (on cpu: training processes per machine)."
+    )
+    cpus_per_device: int = Field(1, gt=0, description="CPU cores reserved per device.")
+    memory_gb: float | None = Field(
+        None, gt=0, description="Host memory per node in GiB; null: no request."
+    )
+
+
+class TrainerConfig(_Strict):
+    """The training loop: length, checkpoints, evaluation, logging."""
+
+    total_epochs: int = Field(1, gt=0, description="Passes over the training prompts.")
+    total_steps: int | None = Field(
+        None, gt=0, description="Stop after this many steps; overrides `total_epochs` when set."
+    )
+    save_every: int = Field(
+        0, ge=0, description="Save a checkpoint every N steps; 0 saves only the final one."
+    )
+    eval_every: int = Field(0, ge=0, description="Evaluate every N steps; 0 disables evaluation.")
+    log_every: int = Field(1, gt=0, description="Log metrics every N steps.")
+    resume_mode: Literal["auto", "disable", "resume_path"] = Field(
+        "auto",
+        description="`auto` resumes from the latest checkpoint in `output_dir`; `disable` starts "
+        "fresh; `resume_path` loads `resume_path`.",
+    )
+    resume_path: str | None = Field(
+        None, description="Checkpoint folder for `resume_mode: resume_path`."
+    )
+    deterministic: bool = Field(
+        False,
+        description="Deterministic algorithms and fixed seeds for bitwise-reproducible steps.",
+    )
+    output_dir: str = Field(
+        "outputs", min_length=1, description="Where checkpoints, profiles and precision dumps go."
+    )
+    project_name: str | None = Field(None, description="Tracking project name.")
+    experiment_name: str | None = Field(None, description="Tracking experiment name.")
+    logger: list[Literal["console", "mlflow"]] = Field(
+        default_factory=lambda: ["console"], description="Where metrics are reported."
+    )
+
+
+class ProfilingConfig(_Strict):
+    """Profiler traces of chosen steps and ranks."""
+
+    enable: bool = Field(False, description="Record profiler traces.")
+    steps: list[Annotated[int, Field(gt=0)]] = Field(
+        default_factory=lambda: [2], description="Steps to profile (1-based)."
+    )
+    ranks: list[Annotated[int, Field(ge=0)]] = Field(
+        default_factory=lambda: [0], description="Ranks to profile."
+    )
+    level: Literal["level0", "level1", "level2"] = Field(
+        "level0", description="Detail level (Ascend profiler levels; higher records more)."
+    )
+    with_stack: bool = Field(False, description="Record Python call stacks.")
+    record_shapes: bool = Field(False, description="Record operator input shapes.")
+    output: str = Field("profiles", min_length=1, description="Folder under `trainer.output_dir`.")
+
+
+class PrecisionConfig(_Strict):
+    """Precision dumps of chosen steps and ranks, for comparing runs or devices."""
+
+    enable: bool = Field(False, description="Dump module inputs and outputs.")
+    steps: list[Annotated[int, Field(gt=0)]] = Field(
+        default_factory=lambda: [1], description="Steps to dump (1-based)."
+    )
+    ranks: list[Annotated[int, Field(ge=0)]] = Field(
+        default_factory=lambda: [0], description="Ranks to dump."
+    )
+    mode: Literal["statistics", "tensor"] = Field(
+        "statistics",
+        description="`statistics`: max, min, mean, norm per tensor; `tensor`: full tensors.",
+    )
+    modules: list[str] = Field(
+        default_factory=list,
+        description="Dump only modules whose name contains one of these; empty: all.",
+    )
+    output: str = Field("precision", min_length=1, description="Folder under `trainer.output_dir`.")
+
+
+class MonitorConfig(_Strict):
+    """Device health metrics logged with the training metrics."""
+
+    log_memory: bool = Field(True, description="Log allocated and peak device memory every step.")
+
+
+class ToolsConfig(_Strict):
+    """Profiling, precision dumps and monitoring."""
+
+    profiling: ProfilingConfig = Field(
+        default_factory=ProfilingConfig, description="Profiler traces."
+    )
+    precision: PrecisionConfig = Field(
+        default_factory=PrecisionConfig, description="Precision dumps."
+    )
+    monitor: MonitorConfig = Field(default_factory=MonitorConfig, description="Device monitoring.")
+
+
+# --------------------------------------------------------------------------- the spec
+
+Violation = tuple[str, str]  # (field path, message)
+
+
+class SpecRuleViolation(ValueError):
+    """Raised by the `RunSpec` validator with every broken cross-field rule."""
+
+    def __init__(self, violations: list[Violation]):
+        self.violations = violations
+        super().__init__("\n".join(f"{field}: {message}" for field, message in violations))
+
+
+class RunSpec(_Strict):
+    """Everything needed to start an RL post-training run."""
+
+    algorithm: Algorithm = Field("grpo", description="grpo, dapo, ppo or dpo; selects the preset.")
+    name: str | None = Field(None, description="Free-form run name.")
+    seed: int = Field(1234, ge=0, description="Seed of every random generator.")
+    model: ModelConfig = Field(default_factory=ModelConfig, description="The policy model.")
+    data: DataConfig = Field(default_factory=DataConfig, description="Prompts and batching.")
+    rollout: RolloutConfig = Field(
+        default_factory=RolloutConfig, description="Response generation."
+    )
+    actor: ActorConfig = Field(default_factory=ActorConfig, description="Policy update.")
+    advantage: AdvantageConfig = Field(
+        default_factory=AdvantageConfig, description="Advantages and reward shaping."
+    )
+    dpo: DPOConfig = Field(default_factory=DPOConfig, description="DPO loss.")
+    reference: ReferenceConfig = Field(
+        default_factory=ReferenceConfig, description="Reference policy."
+    )
+    critic: CriticConfig = Field(default_factory=CriticConfig, description="Value model.")
+    reward: RewardConfig = Field(default_factory=RewardConfig, description="Scoring.")
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig, description="Parallel layout.")
+    resources: ResourcesConfig = Field(
+        default_factory=ResourcesConfig, description="Devices requested."
+    )
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="Training loop.")
+    tools: ToolsConfig = Field(
+        default_factory=ToolsConfig, description="Profiling, precision, monitoring."
+    )
+
+    @model_validator(mode="after")
+    def _check_rules(self) -> RunSpec:
+        violations = [v for rule in _RULES for v in rule(self)]
+        if violations:
+            raise SpecRuleViolation(violations)
+        return self
+
+    @property
+    def world_size(self) -> int:
+        """Devices in the run."""
+        return self.resources.num_nodes * self.resources.devices_per_node
+
+    @property
+    def model_parallel_size(self) -> int:
+        """Devices holding one copy of the model: tensor × pipeline × context parallel."""
+        p = self.parallel
+        return p.tensor_parallel_size * p.pipeline_parallel_size * p.context_parallel_size
+
+    @property
+    def data_parallel_size(self) -> int:
+        """Model replicas: `parallel.data_parallel_size`, or derived from the device count."""
+        return self.parallel.data_parallel_size or self.world_size // self.model_parallel_size
+
+    def device_request(self) -> dict[str, Any]:
+        """What the scheduler must find for this run."""
+        return {
+            "device_type": self.resources.device_type,
+            "device_count": self.world_size,
+            "num_nodes": self.resources.num_nodes,
+            "devices_per_node": self.resources.devices_per_node,
+        }
+
+    def to_yaml(self) -> str:
+        """The resolved spec as YAML, in declaration order; it resolves back to an equal spec."""
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False, allow_unicode=True)
+
+    def flat_params(self) -> dict[str, str]:
+        """Every leaf as `dotted.key -> text` (list items by index), for MLflow params."""
+        return _flatten(self.model_dump(mode="json"))
+
+
+def _flatten(value: Any, prefix: str = "") -> dict[str, str]:
+    """Leaves of nested dicts and lists as dotted keys; non-text values as JSON."""
+    if isinstance(value, dict) and value:
+        items: Iterable[tuple[Any, Any]] = value.items()
+    elif isinstance(value, list) and value:
+        items = enumerate(value)
+    else:
+        return {prefix: value if isinstance(value, str) else json.dumps(value)}
+    flat: dict[str, str] = {}
+    for key, item in items:
+        flat.update(_flatten(item, f"{prefix}.{key}" if prefix else str(key)))
+    return flat
+
+
+# --------------------------------------------------------------------------- cross-field rules
+# Each rule yields (field path, message); its docstring is listed in the generated reference.
+
+
+def _rule_clip_ratios(s: RunSpec) -> Iterator[Violation]:
+    """`actor.clip_ratio_low` ≤ `actor.clip_ratio_high`."""
+    low, high = s.actor.clip_ratio_low, s.actor.clip_ratio_high
+    if low > high:
+        yield (
+            "actor.clip_ratio_low",
+            f"clip_ratio_low ({low}) must be <= clip_ratio_high ({high}): "
+            "lower actor.clip_ratio_low or raise actor.clip_ratio_high",
+        )
+
+
+def _rule_data_source(s: RunSpec) -> Iterator[Violation]:
+    """Exactly one of `data.train_files` and `data.synthetic`; DPO files need `chosen_key` and
+    `rejected_key`."""
+    d = s.data
+    if not d.train_files and d.synthetic is None:
+        yield "data.train_files", "no training data: set data.train_files or data.synthetic"
+    if d.train_files and d.synthetic is not None:
+        yield "data.synthetic", "data.train_files and data.synthetic are both set: remove one"
+    if s.algorithm == "dpo" and d.train_files:
+        for key in ("chosen_key", "rejected_key"):
+            if getattr(d, key) is None:
+                yield (
+                    f"data.{key}",
+                    f"DPO reads preference pairs from the files: set data.{key} "
+                    "to the record field that holds it",
+                )
+
+
+def _rule_algorithm(s: RunSpec) -> Iterator[Violation]:
+    """PPO needs `critic.enable` and `adv_estimator: gae`, which no other algorithm may use; DPO
+    has no estimator."""
+    alg, est = s.algorithm, s.advantage.adv_estimator
+    if alg == "ppo":
+        if not s.critic.enable:
+            yield "critic.enable", "PPO trains a value model: set critic.enable=true"
+        if est != "gae":
+            yield (
+                "advantage.adv_estimator",
+                "PPO uses GAE advantages: set advantage.adv_estimator=gae",
+            )
+        return
+    if s.critic.enable:
+        yield "critic.enable", f"only PPO uses a critic, this is {alg}: set critic.enable=false"
+    if alg == "dpo":
+        if est is not None:
+            yield (
+                "advantage.adv_estimator",
+                "DPO has no advantage estimator: set advantage.adv_estimator=null",
+            )
+    elif est is None:
+        yield (
+            "advantage.adv_estimator",
+            f"{alg} needs an advantage estimator: set advantage.adv_estimator=grpo",
+        )
+    elif est == "gae":
+        yield (
+            "advantage.adv_estimator",
+            "gae needs the critic that only PPO trains: set algorithm=ppo, or pick another "
+            "advantage.adv_estimator (grpo, rloo, ...)",
+        )
+
+
+def _rule_reference(s: RunSpec) -> Iterator[Violation]:
+    """DAPO has no reference model and no KL terms; KL terms and DPO need `reference.enable`."""
+    ref = s.reference.enable
+    kl_terms = (
+        ("actor.use_kl_loss", s.actor.use_kl_loss, "the KL loss"),
+        ("advantage.use_kl_in_reward", s.advantage.use_kl_in_reward, "the in-reward KL penalty"),
+    )
+    if s.algorithm == "dapo":
+        if ref:
+            yield "reference.enable", "DAPO drops the reference model: set reference.enable=false"
+        for path, on, what in kl_terms:
+            if on:
+                yield path, f"DAPO drops {what}: set {path}=false"
+        return
+    for path, on, what in kl_terms:
+        if on and not ref:
+            yield (
+                path,
+                f"{what} needs the reference model: set reference.enable=true or {path}=false",
+            )
+    if s.algorithm == "dpo" and not ref:
+        yield (
+            "reference.enable",
+            "DPO compares against the reference model: set reference.enable=true",
+        )
+
+
+def _rule_groups(s: RunSpec) -> Iterator[Violation]:
+    """Group estimators (grpo, dr_grpo, rloo, reinforce_plus_plus_baseline) and dynamic sampling
+    need ≥ 2 sampled responses per prompt."""
+    n, est = s.rollout.n_samples_per_prompt, s.advantage.adv_estimator
+    if est in GROUP_ESTIMATORS:
+        if n < 2:
+            yield (
+                "rollout.n_samples_per_prompt",
+                f"{est} compares the responses to the same prompt: "
+                f"set rollout.n_samples_per_prompt >= 2 (it is {n})",
+            )
+        if not s.rollout.do_sample:
+            yield (
+                "rollout.do_sample",
+                f"greedy decoding makes the responses to a prompt identical, so {est} "
+                "advantages are all zero: set rollout.do_sample=true",
+            )
+    if s.advantage.dynamic_sampling.enable and n < 2:
+        yield (
+            "advantage.dynamic_sampling.enable",
+            "dynamic sampling filters groups of responses: set rollout.n_samples_per_prompt >= 2 "
+            "or advantage.dynamic_sampling.enable=false",
+        )
+
+
+def _rule_batch_sizes(s: RunSpec) -> Iterator[Violation]:
+    """Devices divide by tensor × pipeline × context parallel and by
+    `rollout.tensor_parallel_size`; `data.train_batch_size` divides by the data-parallel size and
+    by `actor.ppo_mini_batch_size`; a rank's share of a mini-batch divides by the micro-batch
+    sizes."""
+    world, mp = s.world_size, s.model_parallel_size
+    if world % mp:
+        yield (
+            "parallel",
+            f"{world} devices (resources.num_nodes × resources.devices_per_node) do not split into "
+            f"groups of tensor × pipeline × context parallel = {mp}: change the parallel sizes or "
+            "the device count",
+        )
+        return
+    dp = world // mp
+    if s.parallel.data_parallel_size not in (None, dp):
+        yield (
+            "parallel.data_parallel_size",
+            f"data_parallel_size ({s.parallel.data_parallel_size}) must equal devices / "
+            f"(tensor × pipeline × context parallel) = {dp}: set it to {dp} or null",
+        )
+    if world % s.rollout.tensor_parallel_size:
+        yield (
+            "rollout.tensor_parallel_size",
+            f"{world} devices do not split into inference groups of "
+            f"{s.rollout.tensor_parallel_size}: use a divisor of {world}",
+        )
+    batch, mini, n = (
+        s.data.train_batch_size,
+        s.actor.ppo_mini_batch_size,
+        s.rollout.n_samples_per_prompt,
+    )
+    if batch % dp:
+        yield (
+            "data.train_batch_size",
+            f"train_batch_size ({batch}) must be divisible by the data-parallel size ({dp}): "
+            f"use a multiple of {dp}",
+        )
+    if batch % mini:
+        yield (
+            "actor.ppo_mini_batch_size",
+            f"data.train_batch_size ({batch}) must be divisible by actor.ppo_mini_batch_size "
+            f"({mini}): pick a divisor of {batch}",
+        )
+    if (mini * n) % dp:
+        yield (
+            "actor.ppo_mini_batch_size",
+            f"a mini-batch of {mini} prompts × {n} responses = {mini * n} must split over the "
+            f"data-parallel size ({dp}): change actor.ppo_mini_batch_size",
+        )
+    elif not s.actor.use_dynamic_bsz:
+        per_rank = mini * n // dp
+        micro = [("actor.ppo_micro_batch_size", s.actor.ppo_micro_batch_size)]
+        if s.critic.enable:
+            micro.append(("critic.ppo_micro_batch_size", s.critic.ppo_micro_batch_size))
+        for path, size in micro:
+            if per_rank % size:
+                yield (
+                    path,
+                    f"each data-parallel rank updates on {per_rank} responses per mini-batch, "
+                    f"which {path} ({size}) must divide: pick a divisor of {per_rank}",
+                )
+
+
+def _rule_layouts(s: RunSpec) -> Iterator[Violation]:
+    """`parallel.resharding: none` needs the same training and inference layout."""
+    p = s.parallel
+    if p.resharding == "none" and (
+        s.rollout.tensor_parallel_size != p.tensor_parallel_size or p.pipeline_parallel_size > 1
+    ):
+        yield (
+            "parallel.resharding",
+            "resharding=none needs identical training and inference layouts: set "
+            "rollout.tensor_parallel_size = parallel.tensor_parallel_size and "
+            "parallel.pipeline_parallel_size=1, or parallel.resharding=auto",
+        )
+
+
+def _rule_lengths(s: RunSpec) -> Iterator[Violation]:
+    """`actor.max_token_len_per_gpu` fits one sequence; the overlong buffer is shorter than, and
+    partial-rollout splits divide, `rollout.max_new_tokens`."""
+    seq = s.data.max_prompt_length + s.rollout.max_new_tokens
+    budget = s.actor.max_token_len_per_gpu * s.parallel.context_parallel_size
+    if s.actor.use_dynamic_bsz and budget < seq:
+        yield (
+            "actor.max_token_len_per_gpu",
+            f"a sequence can be max_prompt_length + max_new_tokens = {seq} tokens, more than "
+            f"max_token_len_per_gpu × context_parallel_size = {budget}: raise "
+            "actor.max_token_len_per_gpu",
+        )
+    buffer = s.advantage.overlong_buffer
+    if buffer.enable and buffer.len >= s.rollout.max_new_tokens:
+        yield (
+            "advantage.overlong_buffer.len",
+            f"the overlong buffer ({buffer.len}) must be shorter than rollout.max_new_tokens "
+            f"({s.rollout.max_new_tokens}): lower advantage.overlong_buffer.len",
+        )
+    split = s.rollout.partial_rollout_max_split
+    if split > 1 and s.rollout.max_new_tokens % split:
+        yield (
+            "rollout.partial_rollout_max_split",
+            f"rollout.max_new_tokens ({s.rollout.max_new_tokens}) must be divisible by "
+            f"partial_rollout_max_split ({split}): change either",
+        )
+
+
+def _rule_reward(s: RunSpec) -> Iterator[Violation]:
+    """GRPO, DAPO and PPO need `reward.functions` or `reward.reward_model`."""
+    if s.algorithm != "dpo" and not s.reward.functions and s.reward.reward_model is None:
+        yield (
+            "reward.functions",
+            f"{s.algorithm} needs a reward: add reward.functions or set reward.reward_model",
+        )
+
+
+def _rule_trainer(s: RunSpec) -> Iterator[Violation]:
+    """`trainer.resume_path` goes with `resume_mode: resume_path`; `eval_every` needs validation
+    data."""
+    t = s.trainer
+    if t.resume_mode == "resume_path" and t.resume_path is None:
+        yield (
+            "trainer.resume_path",
+            "resume_mode=resume_path needs trainer.resume_path: set it or use resume_mode=auto",
+        )
+    if t.resume_mode != "resume_path" and t.resume_path is not None:
+        yield (
+            "trainer.resume_path",
+            f"resume_path is only read with resume_mode=resume_path (it is {t.resume_mode}): "
+            "set trainer.resume_mode=resume_path or remove trainer.resume_path",
+        )
+    synthetic_val = s.data.synthetic is not None and s.data.synthetic.num_val > 0
+    if t.eval_every and not (s.data.val_files or synthetic_val):
+        yield (
+            "trainer.eval_every",
+            "evaluation needs validation data: set data.val_files or trainer.eval_every=0",
+        )
+
+
+_RULES: tuple[Callable[[RunSpec], Iterator[Violation]], ...] = (
+    _rule_clip_ratios,
+    _rule_data_source,
+    _rule_algorithm,
+    _rule_reference,
+    _rule_groups,
+    _rule_batch_sizes,
+    _rule_layouts,
+    _rule_lengths,
+    _rule_reward,
+    _rule_trainer,
+)
+
+
+# --------------------------------------------------------------------------- presets
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "grpo": {
+        "advantage": {"adv_estimator": "grpo"},
+        "actor": {"use_kl_loss": True, "kl_loss_type": "low_var_kl", "kl_loss_coef": 0.001},
+        "reference": {"enable": True},
+        "critic": {"enable": False},
+        "rollout": {"n_samples_per_prompt": 4},
+    },
+    "dapo": {
+        "advantage": {
+            "adv_estimator": "grpo",
+            "overlong_buffer": {"enable": True},
+            "dynamic_sampling": {"enable": True},
+        },
+        "actor": {
+            "clip_ratio_low": 0.2,
+            "clip_ratio_high": 0.28,
+            "loss_agg_mode": "token-mean",
+            "use_kl_loss": False,
+        },
+        "reference": {"enable": False},
+        "critic": {"enable": False},
+        "rollout": {"n_samples_per_prompt": 4},
+    },
+    "ppo": {
+        "advantage": {"adv_estimator": "gae"},
+        "actor": {"use_kl_loss": False},
+        "reference": {"enable": False},
+        "critic": {"enable": True},
+        "rollout": {"n_samples_per_prompt": 1},
+    },
+    "dpo": {
+        "advantage": {"adv_estimator": None},
+        "actor": {"use_kl_loss": False},
+        "dpo": {"beta": 0.1, "loss_type": "sigmoid"},
+        "reference": {"enable": True},
+        "critic": {"enable": False},
+        "rollout": {"n_samples_per_prompt": 2},
+    },
+}
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class SpecError(ValueError):
+    """A spec that cannot be resolved; `errors` lists `{"field": dotted path, "message": ...}`.
+
+    `field` is "" for problems with the whole spec (YAML syntax, a malformed override).
+    """
+
+    def __init__(self, errors: list[dict[str, str]]):
+        self.errors = errors
+        super().__init__(
+            "\n".join(
+                f"{e['field']}: {e['message']}" if e["field"] else e["message"] for e in errors
+            )
+        )
+
+    @classmethod
+    def single(cls, field: str, message: str) -> SpecError:
+        return cls([{"field": field, "message": message}])
+
+    @classmethod
+    def from_validation_error(cls, exc: ValidationError) -> SpecError:
+        errors: list[dict[str, str]] = []
+        for err in exc.errors():
+            loc = tuple(err["loc"])
+            prefix = ".".join(str(part) for part in loc)
+            cause = err.get("ctx", {}).get("error")
+            if isinstance(cause, SpecRuleViolation):
+                errors += [
+                    {"field": f"{prefix}.{field}" if prefix else field, "message": message}
+                    for field, message in cause.violations
+                ]
+                continue
+            message = err["msg"].removeprefix("Value error, ")
+            if err["type"] == "extra_forbidden":
+                message += _unknown_key_hint(loc)
+            errors.append({"field": prefix, "message": message})
+        return cls(errors)
+
+
+def _unknown_key_hint(loc: tuple[Any, ...]) -> str:
+    known = _known_keys(loc[:-1])
+    close = difflib.get_close_matches(str(loc[-1]), known, n=1)
+    if close:
+        return f": unknown key, did you mean {close[0]!r}?"
+    return f": unknown key, expected one of {', '.join(known)}" if known else ": unknown key"
+
+
+def _known_keys(parent: tuple[Any, ...]) -> list[str]:
+    """Field names of the model found at `parent` (a pydantic loc) inside RunSpec."""
+    tp: Any = RunSpec
+    for part in parent:
+        tp = _without_none(tp)
+        if isinstance(part, int) and get_origin(tp) is list:
+            tp = get_args(tp)[0]
+        elif _is_model(tp) and part in tp.model_fields:
+            tp = tp.model_fields[part].annotation
+        else:
+            return []
+    tp = _without_none(tp)
+    return list(tp.model_fields) if _is_model(tp) else []
+
+
+def _is_model(tp: Any) -> bool:
+    return get_origin(tp) is None and isinstance(tp, type) and issubclass(tp, BaseModel)
+
+
+def _without_none(tp: Any) -> Any:
+    """`X | None` -> X; anything else unchanged."""
+    if get_origin(tp) in (Union, types.UnionType):
+        args = [a for a in get_args(tp) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return tp
+
+
+# --------------------------------------------------------------------------- resolution
+
+
+def apply_overrides(raw: Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """A deep copy of `raw` with each `dotted.key=value` applied; values are parsed as YAML."""
+    data = copy.deepcopy(dict(raw))
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        parts = key.strip().split(".")
+        if not sep or not all(parts):
+            raise SpecError.single(
+                "",
+                f"override {item!r} must look like dotted.key=value "
+                "(e.g. rollout.n_samples_per_prompt=8)",
+            )
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise SpecError.single(
+                ".".join(parts), f"override value {text!r} is not valid YAML: {exc}"
+            ) from exc
+        _set_dotted(data, parts, value)
+    return data
+
+
+def _set_dotted(data: dict[str, Any], parts: list[str], value: Any) -> None:
+    node: Any = data
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        if isinstance(node, dict):
+            if last:
+                node[part] = value
+            elif node.get(part) is None:
+                node[part] = {}
+            node = node[part]
+        elif isinstance(node, list):
+            if not part.isdigit() or int(part) >= len(node):
+                raise SpecError.single(
+                    ".".join(parts[: i + 1]),
+                    f"override: {part!r} is not an index of this list of {len(node)} items",
+                )
+            if last:
+                node[int(part)] = value
+            node = node[int(part)]
+        else:
+            parent = ".".join(parts[:i])
+            raise SpecError.single(
+                parent, f"override: {parent} is a {type(node).__name__}, not a section"
+            )
+
+
+def _deep_merge(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    """`base` updated by `top`, recursively for mappings; lists and scalars of `top` win whole."""
+    merged = copy.deepcopy(dict(base))
+    for key, value in top.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def resolve_spec(raw: Mapping[str, Any], overrides: Sequence[str] = ()) -> RunSpec:
+    """Apply `overrides` to `raw`, fill the rest from the algorithm's preset, and validate."""
+    if not isinstance(raw, Mapping):
+        raise SpecError.single(
+            "", f"a run spec is a mapping of sections, not a {type(raw).__name__}"
+        )
+    data = apply_overrides(raw, overrides)
+    algorithm = data.setdefault("algorithm", "grpo")
+    if not isinstance(algorithm, str) or algorithm not in PRESETS:
+        raise SpecError.single(
+            "algorithm", f"unknown algorithm {algorithm!r}: choose one of {', '.join(ALGORITHMS)}"
+        )
+    try:
+        return RunSpec.model_validate(_deep_merge(PRESETS[algorithm], data))
+    except ValidationError as exc:
+        raise SpecError.from_validation_error(exc) from exc
+
+
+def parse_spec_yaml(text: str, source: str = "<spec>") -> dict[str, Any]:
+    """The mapping in a YAML document; a syntax error or a non-mapping raises SpecError (with
+    the line)."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        data = loader.construct_document(node) if node is not None else {}
+    except yaml.MarkedYAMLError as exc:
+        message = f"{source}: YAML syntax error at {_position(exc.problem_mark)}: {exc.problem}"
+        if exc.context:
+            message += f" ({exc.context} at {_position(exc.context_mark)})"
+        raise SpecError.single("", message) from exc
+    except yaml.YAMLError as exc:
+        raise SpecError.single("", f"{source}: YAML error: {exc}") from exc
+    finally:
+        loader.dispose()
+    if not isinstance(data, dict):
+        raise SpecError.single(
+            "",
+            f"{source}: line {node.start_mark.line + 1}: the top level must be a mapping of "
+            f"sections (algorithm:, model:, data:, ...), not a {type(data).__name__}",
+        )
+    return data
+
+
+def _position(mark: yaml.Mark | None) -> str:
+    return f"line {mark.line + 1}, column {mark.column + 1}" if mark else "an unknown position"
+
+
+def load_spec(path: str | Path, overrides: Sequence[str] = ()) -> RunSpec:
+    """Read a YAML spec file and resolve it (see `resolve_spec`)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SpecError.single("", f"{path}: cannot read: {exc.strerror or exc}") from exc
+    return resolve_spec(parse_spec_yaml(text, str(path)), overrides)
+
+
+def spec_json_schema() -> dict[str, Any]:
+    """JSON Schema (draft 2020-12) of RunSpec, for forms and external validation."""
+    return RunSpec.model_json_schema()
+
+
+# --------------------------------------------------------------------------- reference docs
+
+
+def spec_reference_markdown() -> str:
+    """Markdown reference of every field, the presets and the cross-field rules."""
+    lines = ["## Top level", "", *_table(RunSpec, "", with_sections=False)]
+    for name, field in RunSpec.model_fields.items():
+        if _is_model(field.annotation):
+            lines += ["", f"## `{name}`", "", _summary(field.annotation.__doc__), ""]
+            lines += _table(field.annotation, f"{name}.")
+    lines += ["", "## Presets", "", "What each algorithm fills in where the spec is silent.", ""]
+    for algorithm, preset in PRESETS.items():
+        values = ", ".join(f"`{key}: {value}`" for key, value in _flatten(preset).items())
+        lines.append(f"- **{algorithm}**: {values}")
+    lines += ["", "## Cross-field rules", ""]
+    lines += [f"- {_summary(rule.__doc__)}" for rule in _RULES]
+    return "\n".join(lines) + "\n"
+
+
+def _table(model: type[BaseModel], prefix: str, with_sections: bool = True) -> list[str]:
+    header = ["| field | type | default | description |", "| --- | --- | --- | --- |"]
+    return header + list(_rows(model, prefix, with_sections))
+
+
+def _rows(model: type[BaseModel], prefix: str, with_sections: bool = True) -> Iterator[str]:
+    for name, field in model.model_fields.items():
+        path, inner = f"{prefix}{name}", _without_none(field.annotation)
+        if _is_model(inner) and field.default_factory is not None:
+            if with_sections:  # an always-present section: list its fields instead
+                yield from _rows(inner, f"{path}.")
+            continue
+        type_name = _type_name(field.annotation) + _bounds(field.metadata)
+        cells = (f"`{path}`", type_name, _default(field), field.description or "")
+        yield "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"
+        if _is_model(inner):
+            yield from _rows(inner, f"{path}.")
+        elif get_origin(inner) is list and _is_model(get_args(inner)[0]):
+            yield from _rows(get_args(inner)[0], f"{path}[].")
+
+
+def _type_name(tp: Any) -> str:
+    origin, args = get_origin(tp), get_args(tp)
+    if tp is type(None):
+        return "null"
+    if origin is Literal:
+        return " | ".join(json.dumps(a) for a in args)
+    if origin is Annotated:
+        return _type_name(args[0]) + _bounds(tp.__metadata__)
+    if origin in (Union, types.UnionType):
+        return " | ".join(_type_name(a) for a in args)
+    if origin is list:
+        return f"list[{_type_name(args[0])}]"
+    if origin is dict:
+        return "mapping"
+    if _is_model(tp):
+        return "object"
+    return "any" if tp is Any else tp.__name__
+
+
+_BOUND_SYMBOLS = {"gt": ">", "ge": ">=", "lt": "<", "le": "<=", "min_length": "length >="}
+
+
+def _bounds(metadata: Iterable[Any]) -> str:
+    """Constraints such as Gt(0) as " (> 0)"; a nested FieldInfo contributes its own."""
+    items = [x for m in metadata for x in (m.metadata if isinstance(m, FieldInfo) else [m])]
+    bounds = [
+        f"{symbol} {getattr(item, attr)}"
+        for item in items
+        for attr, symbol in _BOUND_SYMBOLS.items()
+        if getattr(item, attr, None) is not None
+    ]
+    return f" ({', '.join(bounds)})" if bounds else ""
+
+
+def _default(field: FieldInfo) -> str:
+    if field.default_factory is not None:
+        value = field.default_factory()  # type: ignore[call-arg]
+    elif field.default is PydanticUndefined:
+        return "required"
+    else:
+        value = field.default
+    return f"`{json.dumps(to_jsonable_python(value), ensure_ascii=False)}`"
+
+
+def _summary(doc: str | None) -> str:
+    """The first paragraph of a docstring, on one line."""
+    return " ".join((doc or "").strip().split("\n\n")[0].split())

@@ -1,0 +1,143 @@
+"""The run state machine: one transition function, a conditional UPDATE, an event per change."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import psycopg
+import pytest
+from django.db import connection
+
+from experiments.choices import TERMINAL_STATES, TRANSITIONS, RunState, can_transition, sources_of
+from experiments.models import Run
+from experiments.services import IllegalTransition, transition
+
+S = RunState
+
+
+def make_run(experiment, state=S.QUEUED) -> Run:
+    return Run.objects.create(experiment=experiment, spec={}, algorithm="grpo", device_type="cpu",
+                              device_count=1, state=state)
+
+
+def test_it_matches_the_lifecycle_of_the_design():
+    happy = [S.QUEUED, S.SCHEDULED, S.STARTING, S.RUNNING, S.SUCCEEDED]
+    assert all(can_transition(a, b) for a, b in zip(happy, happy[1:]))
+    assert can_transition(S.RUNNING, S.CANCELLING) and can_transition(S.CANCELLING, S.CANCELLED)
+    assert can_transition(S.RUNNING, S.RESTARTING) and can_transition(S.RESTARTING, S.STARTING)
+    for terminal in TERMINAL_STATES:
+        assert TRANSITIONS[terminal] == frozenset()
+    assert not can_transition(S.QUEUED, S.RUNNING)
+    assert sources_of(S.CANCELLED) == {S.QUEUED, S.SCHEDULED, S.RESTARTING, S.CANCELLING}
+
+
+def test_it_moves_and_records_an_event(experiment):
+    run = make_run(experiment)
+    run = transition(run, S.SCHEDULED, actor="system:scheduler", message="placed on npu-a")
+    assert run.state == S.SCHEDULED
+    event = run.events.get()
+    assert (event.from_state, event.to_state, event.actor, event.message) == (
+        "QUEUED", "SCHEDULED", "system:scheduler", "placed on npu-a")
+
+
+def test_it_stamps_start_and_finish_times(experiment):
+    run = make_run(experiment, S.STARTING)
+    run = transition(run, S.RUNNING, actor="w")
+    started = run.started_at
+    assert started is not None and run.finished_at is None
+    run = transition(run, S.RESTARTING, actor="w")
+    run = transition(run, S.STARTING, actor="w")
+    run = transition(run, S.RUNNING, actor="w")
+    assert run.started_at == started  # the first start is kept across attempts
+    run = transition(run, S.FAILED, actor="w", error="exit code 1")
+    assert run.finished_at is not None and run.error == "exit code 1"
+
+
+@pytest.mark.parametrize("state", sorted(TERMINAL_STATES))
+def test_it_refuses_to_leave_a_terminal_state(experiment, state):
+    run = make_run(experiment, state)
+    with pytest.raises(IllegalTransition, match=f"is {state}; it cannot move to RUNNING"):
+        transition(run, S.RUNNING, actor="w")
+    run.refresh_from_db()
+    assert run.state == state and not run.events.exists()
+
+
+def test_it_refuses_an_illegal_move(experiment):
+    run = make_run(experiment)
+    with pytest.raises(IllegalTransition):
+        transition(run, S.RUNNING, actor="w")
+    assert Run.objects.get(pk=run.pk).state == S.QUEUED
+
+
+def test_it_refuses_when_the_state_is_not_the_expected_one(experiment):
+    run = make_run(experiment, S.SCHEDULED)
+    with pytest.raises(IllegalTransition, match="expected QUEUED"):
+        transition(run, S.SCHEDULED, actor="w", expected=S.QUEUED)
+    assert not run.events.exists()
+
+
+def test_a_redelivered_message_acts_once(experiment):
+    run = make_run(experiment)
+    transition(run, S.SCHEDULED, actor="w", expected=S.QUEUED)
+    with pytest.raises(IllegalTransition):
+        transition(run, S.SCHEDULED, actor="w", expected=S.QUEUED)
+    assert run.events.count() == 1
+
+
+def lock_row(run_id: int):
+    """A second connection holding the run's row lock, so both racers block inside their UPDATE."""
+    settings = connection.settings_dict
+    conn = psycopg.connect(dbname=settings["NAME"], user=settings["USER"], password=settings["PASSWORD"],
+                           host=settings["HOST"], port=settings["PORT"] or 5432)
+    conn.execute("SELECT 1 FROM experiments_run WHERE id = %s FOR UPDATE", (run_id,))
+    return conn
+
+
+def wait_for_blocked(conn, count: int, outcomes: list, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        conn.execute("SELECT pg_stat_clear_snapshot()")  # the view is frozen within a transaction
+        blocked = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = %s",
+            (connection.settings_dict["NAME"],),
+        ).fetchone()[0]
+        if blocked >= count:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{count} transitions never blocked on the row lock: {outcomes}")
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("expected", [S.QUEUED, None], ids=["expected-state", "any-legal-source"])
+def test_two_connections_racing_one_transition_exactly_one_wins(experiment, expected):
+    run = make_run(experiment)
+    outcomes: list[str] = []
+
+    def racer() -> None:
+        try:
+            transition(run.pk, S.SCHEDULED, actor=threading.current_thread().name, expected=expected)
+            outcomes.append("won")
+        except IllegalTransition:
+            outcomes.append("lost")
+        except Exception as exc:  # surfaces in the assertion below
+            outcomes.append(repr(exc))
+        finally:
+            connection.close()  # each thread has its own database connection
+
+    # Both racers read QUEUED, then queue up behind the lock inside their conditional UPDATE.
+    locker = lock_row(run.pk)
+    threads = [threading.Thread(target=racer, name=f"worker-{i}") for i in range(2)]
+    for thread in threads:
+        thread.start()
+    try:
+        wait_for_blocked(locker, 2, outcomes)
+    finally:
+        locker.commit()
+        locker.close()
+    for thread in threads:
+        thread.join(timeout=30)
+
+    assert sorted(outcomes) == ["lost", "won"]
+    assert run.events.count() == 1
+    assert Run.objects.get(pk=run.pk).state == S.SCHEDULED
