@@ -11,6 +11,9 @@ For each service, in order:
      deleted when the command ends.
 Where none of these is possible it says which packages to install and exits with status 1.
 The command's exit status is returned.
+
+ASCENT_TESTENV_THROWAWAY=1 skips steps 1 and 2, and ASCENT_TESTENV_PG_BINDIR names the folder of
+initdb and pg_ctl (default: PATH, then /usr/lib/postgresql/<newest>/bin); the tests use both.
 """
 
 from __future__ import annotations
@@ -82,6 +85,9 @@ def local_postgres() -> str | None:
 
 
 def pg_binaries() -> Path | None:
+    override = os.environ.get("ASCENT_TESTENV_PG_BINDIR")  # where initdb and pg_ctl live
+    if override:
+        return Path(override) if (Path(override) / "initdb").exists() else None
     found = shutil.which("initdb")
     if found:
         return Path(found).parent

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from collections import Counter
+
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db.models import ProtectedError
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -73,6 +76,8 @@ def exception_handler(exc, context):
         exc = exceptions.ValidationError(exc.message_dict if hasattr(exc, "error_dict") else exc.messages)
     elif isinstance(exc, DomainError):
         return Response(_body("conflict", str(exc)), status=status.HTTP_409_CONFLICT)
+    elif isinstance(exc, ProtectedError):
+        return Response(_body("conflict", _protected_message(exc)), status=status.HTTP_409_CONFLICT)
 
     response = drf_exception_handler(exc, context)
     if response is None:
@@ -87,3 +92,9 @@ def exception_handler(exc, context):
         detail = response.data.get("detail", str(exc)) if isinstance(response.data, dict) else str(exc)
         response.data = _body(code, str(detail))
     return response
+
+
+def _protected_message(exc: ProtectedError) -> str:
+    counts = Counter(obj._meta.verbose_name_plural for obj in exc.protected_objects)
+    refs = ", ".join(f"{n} {name}" for name, n in sorted(counts.items()))
+    return f"Cannot delete it: {refs} still refer to it. Delete or move those first."
