@@ -89,6 +89,10 @@ class ProjectViewSet(viewsets.ModelViewSet):
             project = serializer.save()
             Membership.objects.create(project=project, user=self.request.user, role=Role.OWNER)
 
+    def perform_destroy(self, instance):
+        services.ensure_no_active_runs(Run.objects.filter(experiment__project=instance), "project")
+        instance.delete()
+
     @extend_schema(responses={200: s.MembershipSerializer(many=True)}, methods=["GET"])
     @extend_schema(request=s.MembershipSerializer, responses={201: s.MembershipSerializer, **ERRORS},
                    methods=["POST"])
@@ -166,6 +170,10 @@ class ExperimentViewSet(viewsets.ModelViewSet):
             raise PermissionDenied("Viewers cannot create experiments: ask an owner for the maintainer role.")
         serializer.save(created_by=self.request.user)
 
+    def perform_destroy(self, instance):
+        services.ensure_no_active_runs(instance.runs.all(), "experiment")
+        instance.delete()
+
 
 # --- runs -----------------------------------------------------------------------------------
 
@@ -211,7 +219,7 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
         submission = services.Submission(
             spec=data["spec"], overrides=data["overrides"], name=data["name"],
             priority=data["priority"], max_restarts=data["max_restarts"],
-            cluster=data.get("cluster"), idempotency_key=request.headers.get("Idempotency-Key", "")[:128],
+            cluster=data.get("cluster"), idempotency_key=_idempotency_key(request),
         )
         run, created = services.submit_run(experiment, request.user, submission)
         return Response(s.RunSerializer(run).data,
@@ -258,6 +266,13 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
         """Every state change of the run, oldest first."""
         run = self.get_object()
         return Response(s.RunEventSerializer(run.events.all(), many=True).data)
+
+
+def _idempotency_key(request) -> str:
+    key = request.headers.get("Idempotency-Key", "").strip()
+    if len(key) > 128:
+        raise services.RequestError("Idempotency-Key", "Use at most 128 characters.")
+    return key
 
 
 def _fitting_clusters(device_request: dict, cluster: Cluster | None) -> list[dict]:

@@ -164,6 +164,16 @@ def submit_run(experiment: Experiment, user, submission: Submission) -> tuple[Ru
     return run, True
 
 
+def ensure_no_active_runs(runs, what: str) -> None:
+    """Refuse to delete something whose runs could still hold devices or a Ray job."""
+    active = runs.exclude(state__in=TERMINAL_STATES).count()
+    if active:
+        raise DomainError(
+            f"This {what} has {active} unfinished run(s): cancel them and wait until they "
+            "finish before deleting it."
+        )
+
+
 def cancel_run(run: Run, user) -> Run:
     """Cancel now if nothing was launched; otherwise ask the worker to stop it (CANCELLING)."""
     actor = actor_name(user)

@@ -66,3 +66,13 @@ def test_me_lists_my_projects_and_roles(clients, project):
     body = clients["viewer"].get("/api/v1/me/").json()
     assert body["username"] == "viewer" and body["projects"] == [
         {"id": project.pk, "name": "alpha", "role": "viewer"}]
+
+
+def test_nothing_with_unfinished_runs_can_be_deleted(clients, experiment, project, submit):
+    run_id = submit().json()["id"]
+    for path in (f"/api/v1/experiments/{experiment.pk}/", f"/api/v1/projects/{project.pk}/"):
+        response = clients["owner"].delete(path)
+        assert response.status_code == 409 and "1 unfinished run" in response.json()["detail"]
+    clients["owner"].post(f"/api/v1/runs/{run_id}/cancel/")
+    assert clients["owner"].delete(f"/api/v1/experiments/{experiment.pk}/").status_code == 204
+    assert clients["owner"].delete(f"/api/v1/projects/{project.pk}/").status_code == 204

@@ -216,3 +216,10 @@ def test_runs_are_paginated_by_cursor_newest_first(submit, clients):
         seen += [r["id"] for r in page["results"]]
         url = page["next"]
     assert seen == list(reversed(made))
+
+
+def test_an_overlong_idempotency_key_is_a_400(clients, experiment, tiny_spec):
+    response = clients["owner"].post("/api/v1/runs/", {"experiment": experiment.pk, "spec": tiny_spec},
+                                     format="json", HTTP_IDEMPOTENCY_KEY="k" * 129)
+    assert response.status_code == 400 and errors_of(response) == {"Idempotency-Key": "Use at most 128 characters."}
+    assert not Run.objects.exists()

@@ -73,3 +73,13 @@ def test_production_refuses_the_default_secret_key(tmp_path):
     good = _django_check("ascent.settings_production", tmp_path, SECRET_KEY="k" * 50,
                          ALLOWED_HOSTS="ascent.example")
     assert good.returncode == 0, good.stderr
+
+
+def test_the_cache_is_the_configured_redis(db):
+    import redis
+    from django.core.cache import cache, caches
+
+    assert type(caches["default"]).__name__ == "RedisCache"
+    cache.set("ascent-test-key", {"n": 1}, timeout=5)
+    assert cache.get("ascent-test-key") == {"n": 1}
+    assert redis.Redis.from_url(os.environ["REDIS_URL"]).exists(":1:ascent-test-key") == 1
