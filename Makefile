@@ -29,6 +29,7 @@ test: install
 
 # Re-pin constraints.txt from the current virtual environment (after changing pyproject.toml).
 constraints: install
+	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
 	$(BIN)/python -m pip freeze --exclude-editable --exclude ascent \
 	  | sed -E 's/^torch==([0-9.]+)\+cpu$$/torch==\1/' > constraints.txt
 

@@ -12,7 +12,7 @@ For each service, in order:
 Where none of these is possible it says which packages to install and exits with status 1.
 The command's exit status is returned.
 
-ASCENT_TESTENV_THROWAWAY=1 skips steps 1 and 2, and ASCENT_TESTENV_PG_BINDIR names the folder of
+ASCENT_TESTENV_THROWAWAY=1 skips step 2 (a configured URL is still used), and ASCENT_TESTENV_PG_BINDIR names the folder of
 initdb and pg_ctl (default: PATH, then /usr/lib/postgresql/<newest>/bin); the tests use both.
 """
 

@@ -96,7 +96,7 @@ class ProjectViewSet(viewsets.ModelViewSet):
     @extend_schema(responses={200: s.MembershipSerializer(many=True)}, methods=["GET"])
     @extend_schema(request=s.MembershipSerializer, responses={201: s.MembershipSerializer, **ERRORS},
                    methods=["POST"])
-    @action(detail=True, methods=["get", "post"])
+    @action(detail=True, methods=["get", "post"], pagination_class=None, filter_backends=[])
     def members(self, request, pk=None):
         """List members (any member) or add one with a role (owners)."""
         project = self.get_object()
@@ -115,7 +115,8 @@ class ProjectViewSet(viewsets.ModelViewSet):
     @extend_schema(request=s.MembershipRoleSerializer, responses={200: s.MembershipSerializer, **ERRORS},
                    methods=["PATCH"])
     @extend_schema(responses={204: None, **ERRORS}, methods=["DELETE"])
-    @action(detail=True, methods=["patch", "delete"], url_path=r"members/(?P<username>[^/]+)")
+    @action(detail=True, methods=["patch", "delete"], url_path=r"members/(?P<username>[^/]+)",
+            filter_backends=[])
     def member(self, request, pk=None, username=None):
         """Change a member's role or remove them (owners). The last owner cannot leave."""
         project = self.get_object()
@@ -261,7 +262,7 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
         return Response(s.RunSerializer(clone).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(responses={200: s.RunEventSerializer(many=True)})
-    @action(detail=True, methods=["get"], pagination_class=None, filterset_class=None)
+    @action(detail=True, methods=["get"], pagination_class=None, filter_backends=[])
     def events(self, request, pk=None):
         """Every state change of the run, oldest first."""
         run = self.get_object()

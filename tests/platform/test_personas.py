@@ -36,7 +36,8 @@ CASES = [
     ("post", "/api/v1/projects/", {"name": "beta"}, expect(201, 201, 201, 201, 201)),
     ("get", "/api/v1/projects/{project}/", None, expect(200, 200, 200, 404, 200)),
     ("patch", "/api/v1/projects/{project}/", {"description": "x"}, expect(200, 403, 403, 404, 200)),
-    ("delete", "/api/v1/projects/{project}/", None, expect(204, 403, 403, 404, 204)),
+    # (the fixture's run is unfinished, so an allowed delete is refused as a conflict)
+    ("delete", "/api/v1/projects/{project}/", None, expect(409, 403, 403, 404, 409)),
     ("get", "/api/v1/projects/{project}/members/", None, expect(200, 200, 200, 404, 200)),
     ("post", "/api/v1/projects/{project}/members/", {"username": "stranger", "role": "viewer"},
      expect(201, 403, 403, 404, 201)),
@@ -49,7 +50,7 @@ CASES = [
     ("post", "/api/v1/experiments/", {"project": "{project}", "name": "new"},
      expect(201, 201, 403, 400, 201)),
     ("patch", "/api/v1/experiments/{experiment}/", {"description": "d"}, expect(200, 200, 403, 404, 200)),
-    ("delete", "/api/v1/experiments/{experiment}/", None, expect(204, 204, 403, 404, 204)),
+    ("delete", "/api/v1/experiments/{experiment}/", None, expect(409, 409, 403, 404, 409)),
     # runs
     ("get", "/api/v1/runs/", None, expect(200, 200, 200, 200, 200)),
     ("get", "/api/v1/runs/{run}/", None, expect(200, 200, 200, 404, 200)),

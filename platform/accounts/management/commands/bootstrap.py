@@ -40,12 +40,18 @@ class Command(BaseCommand):
         self._admin(credentials)
         self._local_cluster(ray_address)
         base = f"http://{host}:{port}"
+        login = (
+            f"{credentials}  (user admin: password and API token)"
+            if credentials.exists()
+            else "admin existed before bootstrap: `manage.py changepassword admin`, "
+            "`manage.py createtoken admin`"
+        )
         self.stdout.write(
             "\nAscent is starting:\n"
             f"  API          {base}/api/v1/\n"
             f"  API docs     {base}/api/docs/   (OpenAPI: {base}/api/schema/)\n"
             f"  Admin        {base}/admin/\n"
-            f"  Credentials  {credentials}  (user admin: password and API token)\n"
+            f"  Credentials  {login}\n"
             f"  Database     {settings.DATABASES['default']['NAME']}\n"
         )
 
@@ -56,8 +62,10 @@ class Command(BaseCommand):
         password = get_random_string(24)
         user = user_model.objects.create_superuser("admin", "", password)
         _, token = ApiToken.issue(user, "bootstrap", timezone.now() + timedelta(days=365))
-        credentials.write_text(f"username=admin\npassword={password}\ntoken={token}\n")
-        credentials.chmod(0o600)
+        # Created readable by the owner only, before anything secret is written to it.
+        fd = os.open(credentials, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(f"username=admin\npassword={password}\ntoken={token}\n")
         self.stdout.write(f"Created superuser admin; password and API token are in {credentials}.")
 
     def _local_cluster(self, ray_address: str) -> None:
