@@ -67,6 +67,9 @@ class Run(models.Model):
         "self", on_delete=models.SET_NULL, null=True, blank=True, related_name="clones"
     )
     idempotency_key = models.CharField(max_length=128, blank=True)
+    idempotency_fingerprint = models.CharField(
+        max_length=64, blank=True, help_text="SHA-256 of the submission that used the key."
+    )
     mlflow_run_id = models.CharField(max_length=64, blank=True)
     error = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)

@@ -7,6 +7,8 @@ acting on the same run cannot both succeed.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -104,6 +106,15 @@ class Submission:
     cluster: Cluster | None = None
     idempotency_key: str = ""
 
+    def fingerprint(self, experiment: Experiment) -> str:
+        """What makes two submissions the same request, for an idempotency key."""
+        body = {
+            "experiment": experiment.pk, "spec": self.spec, "overrides": list(self.overrides),
+            "name": self.name, "priority": self.priority, "max_restarts": self.max_restarts,
+            "cluster": self.cluster.pk if self.cluster else None,
+        }
+        return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
+
 
 def check_cluster(spec: RunSpec, cluster: Cluster | None) -> None:
     """A requested cluster must offer the device kind the spec asks for."""
@@ -126,12 +137,12 @@ def prepare(submission: Submission) -> RunSpec:
 def submit_run(experiment: Experiment, user, submission: Submission) -> tuple[Run, bool]:
     """Store a validated run as QUEUED. Returns (run, created).
 
-    A repeated submission with the same idempotency key by the same user returns the first run.
+    A repeated submission with the same idempotency key by the same user returns the first run;
+    the same key with a different request is a conflict.
     """
+    fingerprint = submission.fingerprint(experiment) if submission.idempotency_key else ""
     if submission.idempotency_key:
-        existing = Run.objects.filter(
-            created_by=user, idempotency_key=submission.idempotency_key
-        ).first()
+        existing = _run_for_key(user, submission.idempotency_key, fingerprint)
         if existing is not None:
             return existing, False
     spec = prepare(submission)
@@ -150,18 +161,31 @@ def submit_run(experiment: Experiment, user, submission: Submission) -> tuple[Ru
                 max_restarts=submission.max_restarts,
                 created_by=user,
                 idempotency_key=submission.idempotency_key,
+                idempotency_fingerprint=fingerprint,
             )
             RunEvent.objects.create(
                 run=run, from_state="", to_state=RunState.QUEUED, actor=actor_name(user),
                 message="submitted",
             )
     except IntegrityError:
-        # Two identical submissions raced past the lookup; the other one was stored.
-        existing = Run.objects.filter(created_by=user, idempotency_key=submission.idempotency_key)
-        if submission.idempotency_key and existing.exists():
-            return existing.get(), False
+        # Two submissions with one key raced past the lookup; the other one was stored.
+        existing = submission.idempotency_key and _run_for_key(
+            user, submission.idempotency_key, fingerprint
+        )
+        if existing:
+            return existing, False
         raise
     return run, True
+
+
+def _run_for_key(user, key: str, fingerprint: str) -> Run | None:
+    existing = Run.objects.filter(created_by=user, idempotency_key=key).first()
+    if existing is not None and existing.idempotency_fingerprint != fingerprint:
+        raise DomainError(
+            f"Idempotency-Key {key!r} was already used for run {existing.pk} with a different "
+            "request: send a new key for a new run."
+        )
+    return existing
 
 
 def ensure_no_active_runs(runs, what: str) -> None:

@@ -101,6 +101,10 @@ def test_the_same_idempotency_key_returns_the_first_run(clients, experiment, tin
     assert (first.status_code, repeat.status_code, other.status_code) == (201, 200, 201)
     assert first.json()["id"] == repeat.json()["id"] != other.json()["id"]
     assert Run.objects.count() == 2
+    body["priority"] = 9  # the same key for a different request is refused, not ignored
+    changed = post("pipeline-42")
+    assert changed.status_code == 409 and "different request" in changed.json()["detail"]
+    assert Run.objects.count() == 2
 
 
 def test_validate_is_a_dry_run_with_the_resolved_spec_and_device_request(clients, cluster, tiny_spec):
