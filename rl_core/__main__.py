@@ -3,6 +3,8 @@
     python -m rl_core spec validate SPEC.yaml [dotted.key=value ...]   # print the resolved spec
     python -m rl_core spec schema                                       # JSON Schema of the spec
     python -m rl_core spec docs                                         # Markdown field reference
+    python -m rl_core make-tiny --size small --out DIR                  # a tiny HF model folder
+    python -m rl_core make-data --task addition --digits 3 --out DIR    # synthetic train/val files
 
 Each command is a function from parsed arguments to an exit status; new command groups (train,
 sft, eval) add a `_add_<group>` function and a line in `build_parser`.
@@ -15,6 +17,8 @@ import json
 import sys
 from collections.abc import Sequence
 
+from rl_core.data.cli import add_parser as _add_make_data
+from rl_core.models.cli import add_parser as _add_make_tiny
 from rl_core.spec import SpecError, load_spec, spec_json_schema, spec_reference_markdown
 
 EXIT_INVALID_SPEC = 2
@@ -70,6 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_spec(commands)
+    _add_make_tiny(commands)
+    _add_make_data(commands)
     return parser
 
 

@@ -20,7 +20,8 @@ from clusters.choices import DeviceKind
 from clusters.models import Cluster
 from experiments.choices import ACTIVE_STATES, TERMINAL_STATES, RunState, can_transition
 from experiments.models import Experiment, Run, RunEvent
-from rl_core.spec import RunSpec, resolve_spec
+from rl_core.rewards import registry as reward_registry
+from rl_core.spec import RunSpec, SpecError, resolve_spec
 
 # How often `transition` re-reads a run whose state changed under it before giving up.
 _TRANSITION_TRIES = 3
@@ -127,9 +128,25 @@ def check_cluster(spec: RunSpec, cluster: Cluster | None) -> None:
         )
 
 
+def check_rewards(spec: RunSpec) -> None:
+    """Reward functions must exist and accept their kwargs, or the run would fail at its start."""
+    errors = []
+    for i, function in enumerate(spec.reward.functions):
+        try:
+            fn = reward_registry.get_reward(function.name)
+            reward_registry.check_kwargs(function.name, fn, function.kwargs)
+        except reward_registry.UnknownRewardError as exc:
+            errors.append({"field": f"reward.functions.{i}.name", "message": str(exc)})
+        except TypeError as exc:
+            errors.append({"field": f"reward.functions.{i}.kwargs", "message": str(exc)})
+    if errors:
+        raise SpecError(errors)
+
+
 def prepare(submission: Submission) -> RunSpec:
     """Resolve and check a submission without saving anything (the dry run)."""
     spec = resolve_spec(submission.spec, submission.overrides)
+    check_rewards(spec)
     check_cluster(spec, submission.cluster)
     return spec
 

@@ -51,6 +51,10 @@ def test_overrides_apply_before_validation(submit):
         ({"algorithm": "reinforce"}, [], "spec.algorithm", "grpo"),
         ({}, ["rollout.temperature=0"], "spec.rollout.temperature", "greater than 0"),
         ({}, ["no-equals-sign"], "spec", "="),
+        ({"reward": {"functions": [{"name": "math_acc"}]}}, [], "spec.reward.functions.0.name",
+         "choose one of"),
+        ({"reward": {"functions": [{"name": "exact_match", "kwargs": {"loose": True}}]}}, [],
+         "spec.reward.functions.0.kwargs", "loose"),
     ],
 )
 def test_an_invalid_spec_is_a_400_naming_the_field_path(submit, tiny_spec, spec_patch, overrides,

@@ -1,0 +1,407 @@
+"""Scoring a batch of responses with weighted reward functions, each call under a time limit.
+
+    with RewardComposer(spec.reward.functions, timeout_s=spec.reward.timeout_s) as composer:
+        scores = composer.score_batch(responses, answers)
+        scores.total                      # [n] weighted sums
+        scores.per_function["format"]     # [n] raw scores of one function
+        scores.metrics()                  # {"reward/format/mean": …, "reward/timeouts": …}
+
+Functions run in a small pool of worker processes (started on first use, kept between batches).
+Each (response, function) call has `timeout_s`: a call that overruns scores 0, is counted in
+`timeouts`, and its worker is killed and replaced; a call that raises scores 0 and is counted in
+`errors`. Processes are used because nothing else can stop a sympy computation that never ends:
+signal-based limits (math-verify's own) only work in a process's main thread, and a thread cannot
+be killed. Workers are forked from a forkserver that has already loaded math-verify, so a
+replacement is ready in milliseconds.
+
+As with any multiprocessing code, a script that scores at import time must guard its entry point
+with `if __name__ == "__main__":` (the workers import the main module); `python -m rl_core`, Ray
+actors and pytest need nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import pickle
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from rl_core.rewards._worker import READY, worker_main
+from rl_core.rewards.registry import RewardFn, check_kwargs, get_reward
+
+logger = logging.getLogger(__name__)
+
+OK, TIMEOUT, ERROR = "ok", "timeout", "error"
+STARTUP_TIMEOUT_S = 120.0  # a worker that is not ready by then means a broken environment
+MAX_START_FAILURES = 3  # workers dying before they are ready, in a row
+MAX_WARNINGS_PER_BATCH = 3
+
+
+@dataclass(frozen=True)
+class RewardTerm:
+    """One resolved entry of `reward.functions`."""
+
+    name: str
+    fn: RewardFn
+    weight: float = 1.0
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+def resolve_terms(functions: Sequence[Any]) -> list[RewardTerm]:
+    """`RewardFunctionSpec`s, mappings {name, weight, kwargs} or bare names -> checked terms.
+
+    Raises UnknownRewardError for an unregistered name, TypeError for keyword arguments the
+    function does not take or a function worker processes cannot import, and ValueError for a
+    name listed twice (its per-function metrics would collide)."""
+    terms: list[RewardTerm] = []
+    for entry in functions:
+        name = _field(entry, "name")
+        weight, kwargs = _field(entry, "weight", 1.0), _field(entry, "kwargs") or {}
+        term = RewardTerm(name, get_reward(name), float(weight), dict(kwargs))
+        check_kwargs(name, term.fn, term.kwargs)
+        if any(t.name == name for t in terms):
+            raise ValueError(f"reward function {name!r} is listed twice: list each name once")
+        try:
+            pickle.dumps(term.fn)
+        except Exception as error:
+            raise TypeError(
+                f"reward function {name!r} cannot be sent to a worker process ({error}): "
+                "register a module-level function"
+            ) from None
+        terms.append(term)
+    if not terms:
+        raise ValueError("no reward functions: give at least one")
+    return terms
+
+
+def _field(entry: Any, key: str, default: Any = None) -> Any:
+    if isinstance(entry, str):  # a bare name: weight 1, no keyword arguments
+        return entry if key == "name" else default
+    if isinstance(entry, Mapping):
+        return entry.get(key, default)
+    return getattr(entry, key, default)
+
+
+@dataclass(frozen=True)
+class BatchScores:
+    """Scores of one batch. `per_function` holds raw (unweighted) scores by function name;
+    `total` the weighted sums; `timeouts` and `errors` count this batch's failed calls."""
+
+    total: list[float]
+    per_function: dict[str, list[float]]
+    timeouts: int = 0
+    errors: int = 0
+
+    def metrics(self, prefix: str = "reward") -> dict[str, float]:
+        """`<prefix>/<name>/mean` for each function, and `<prefix>/timeouts`, `<prefix>/errors`."""
+        out = {
+            f"{prefix}/{name}/mean": sum(values) / len(values) if values else 0.0
+            for name, values in self.per_function.items()
+        }
+        out[f"{prefix}/timeouts"] = float(self.timeouts)
+        out[f"{prefix}/errors"] = float(self.errors)
+        return out
+
+
+class RewardComposer:
+    """Weighted reward functions scored under a time limit in worker processes.
+
+    functions: `RewardFunctionSpec`s, mappings {name, weight=1, kwargs={}}, or bare names.
+    timeout_s: limit for one function on one response (`reward.timeout_s`).
+    num_workers: worker processes (default: CPUs, at most 8).
+    start_method: multiprocessing start method (default: forkserver where available, else spawn).
+    `timeouts` and `errors` count failed calls since construction. Not thread-safe to share
+    between concurrent callers beyond the internal lock (calls are serialised).
+    """
+
+    def __init__(
+        self,
+        functions: Sequence[Any],
+        *,
+        timeout_s: float = 10.0,
+        num_workers: int | None = None,
+        start_method: str | None = None,
+    ) -> None:
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+        if num_workers is not None and num_workers < 1:
+            raise ValueError(f"num_workers must be at least 1, got {num_workers}")
+        self.terms = resolve_terms(functions)
+        self.timeout_s = float(timeout_s)
+        self.num_workers = num_workers or min(8, _cpu_count())
+        self.start_method = start_method or _default_start_method()
+        multiprocessing.get_context(self.start_method)  # a ValueError now for an unknown method
+        self.timeouts = 0
+        self.errors = 0
+        self._pool: _Pool | None = None
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_config(cls, config: Any, **kwargs: Any) -> RewardComposer:
+        """From a `RewardConfig` (`spec.reward`): its functions and timeout."""
+        return cls(config.functions, timeout_s=config.timeout_s, **kwargs)
+
+    @property
+    def names(self) -> list[str]:
+        return [t.name for t in self.terms]
+
+    def score_batch(
+        self, completions: Sequence[str], ground_truths: Sequence[Any] | None = None
+    ) -> BatchScores:
+        """Score each completion against its ground truth with every function."""
+        truths = [None] * len(completions) if ground_truths is None else list(ground_truths)
+        if len(truths) != len(completions):
+            raise ValueError(
+                f"{len(completions)} completions but {len(truths)} ground truths: give one each"
+            )
+        with self._lock:
+            if not completions:
+                return self._collect([], [])
+            if self._pool is None:
+                self._pool = _Pool(self.terms, self.num_workers, self.start_method)
+            try:
+                scores, status = self._pool.run(list(completions), truths, self.timeout_s)
+            except BaseException:
+                # interrupted mid-batch: workers may still be busy with this batch's calls
+                self._pool.close()
+                self._pool = None
+                raise
+            return self._collect(scores, status)
+
+    def _collect(self, scores: list[list[float]], status: list[list[str]]) -> BatchScores:
+        flat = [s for row in status for s in row]
+        timeouts, errors = flat.count(TIMEOUT), flat.count(ERROR)
+        self.timeouts += timeouts
+        self.errors += errors
+        weights = [t.weight for t in self.terms]
+        return BatchScores(
+            total=[sum(w * s for w, s in zip(weights, row)) for row in scores],
+            per_function={t.name: [row[j] for row in scores] for j, t in enumerate(self.terms)},
+            timeouts=timeouts,
+            errors=errors,
+        )
+
+    def close(self) -> None:
+        """Stop the worker processes (the composer restarts them if used again)."""
+        with self._lock:
+            if self._pool is not None:
+                self._pool.close()
+                self._pool = None
+
+    def __enter__(self) -> RewardComposer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _cpu_count() -> int:
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)) or 1
+    return os.cpu_count() or 1
+
+
+def _default_start_method() -> str:
+    return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+
+
+# --------------------------------------------------------------------------- worker pool
+
+
+class _Worker:
+    """One worker process and what it is doing: sample `sample`, function `fn_index`, since."""
+
+    def __init__(self, ctx: Any, payload: list[tuple[RewardFn, dict[str, Any]]]) -> None:
+        self.conn, child = ctx.Pipe()
+        self.process = ctx.Process(
+            target=worker_main, args=(child, payload), name="ascent-reward-worker", daemon=True
+        )
+        self.process.start()
+        child.close()
+        self.born = time.monotonic()
+        self.ready = False
+        self.sample: int | None = None
+        self.fn_index = 0
+        self.since = 0.0
+
+    def assign(self, sample: int, first: int, completion: str, truth: Any) -> None:
+        self.conn.send((sample, first, completion, truth))
+        self.sample, self.fn_index, self.since = sample, first, time.monotonic()
+
+    def ask_to_stop(self) -> None:
+        try:
+            self.conn.send(None)
+        except OSError:
+            pass
+
+    def stop(self, grace_s: float = 0.0) -> None:
+        """Wait up to `grace_s` for the process to end, then kill it."""
+        self.process.join(grace_s)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(5.0)
+        self.conn.close()
+
+
+@dataclass
+class _Batch:
+    completions: list[str]
+    truths: list[Any]
+    num_terms: int
+    scores: list[list[float]] = field(init=False)
+    status: list[list[str]] = field(init=False)
+    pending: deque[tuple[int, int]] = field(init=False)
+    remaining: int = field(init=False)
+    warned: int = 0
+
+    def __post_init__(self) -> None:
+        n, f = len(self.completions), self.num_terms
+        self.scores = [[0.0] * f for _ in range(n)]
+        self.status = [[OK] * f for _ in range(n)]
+        self.pending = deque((i, 0) for i in range(n))
+        self.remaining = n * f
+
+    def record(self, sample: int, j: int, score: float, status: str) -> None:
+        self.scores[sample][j], self.status[sample][j] = score, status
+        self.remaining -= 1
+
+
+class _Pool:
+    """Worker processes with a per-call deadline; a stuck or dead worker is replaced."""
+
+    def __init__(self, terms: list[RewardTerm], size: int, start_method: str) -> None:
+        self.terms = terms
+        self.ctx = multiprocessing.get_context(start_method)
+        if start_method == "forkserver":
+            self.ctx.set_forkserver_preload(["rl_core.rewards._preload"])
+        self.payload = [(t.fn, t.kwargs) for t in terms]
+        self.workers = [_Worker(self.ctx, self.payload) for _ in range(size)]
+        self.start_failures = 0
+        self._finalizer = weakref.finalize(self, _stop_all, self.workers)
+
+    def run(
+        self, completions: list[str], truths: list[Any], timeout_s: float
+    ) -> tuple[list[list[float]], list[list[str]]]:
+        batch = _Batch(completions, truths, len(self.terms))
+        while batch.remaining:
+            self._dispatch(batch)
+            self._receive(batch, self._wait_time(timeout_s))
+            self._expire(batch, timeout_s)
+        if batch.warned > MAX_WARNINGS_PER_BATCH:
+            logger.warning(
+                "%d more reward calls failed in this batch", batch.warned - MAX_WARNINGS_PER_BATCH
+            )
+        return batch.scores, batch.status
+
+    def _dispatch(self, batch: _Batch) -> None:
+        for worker in list(self.workers):
+            if not batch.pending:
+                return
+            if worker.ready and worker.sample is None:
+                sample, first = batch.pending.popleft()
+                try:
+                    worker.assign(sample, first, batch.completions[sample], batch.truths[sample])
+                except OSError:  # died while idle: not this sample's fault
+                    batch.pending.appendleft((sample, first))
+                    worker.sample = None
+                    self._replace(worker)
+
+    def _wait_time(self, timeout_s: float) -> float:
+        now = time.monotonic()
+        deadlines = [w.since + timeout_s for w in self.workers if w.sample is not None]
+        deadlines += [w.born + STARTUP_TIMEOUT_S for w in self.workers if not w.ready]
+        return max(0.0, min(deadlines, default=now + 1.0) - now)
+
+    def _receive(self, batch: _Batch, wait_s: float) -> None:
+        by_conn = {w.conn: w for w in self.workers}
+        for conn in wait(list(by_conn), timeout=wait_s):
+            worker = by_conn[conn]
+            try:
+                while conn.poll():
+                    self._handle(worker, conn.recv(), batch)
+            except (EOFError, OSError):
+                self._died(worker, batch)
+
+    def _handle(self, worker: _Worker, message: Any, batch: _Batch) -> None:
+        if message == READY:
+            worker.ready = True
+            self.start_failures = 0
+            return
+        sample, j, score, error = message
+        batch.record(sample, j, score, OK if error is None else ERROR)
+        if error is not None:
+            name = self.terms[j].name
+            self._warn(batch, "reward %r raised on sample %d: %s", name, sample, error)
+        if j + 1 < len(self.terms):
+            worker.fn_index, worker.since = j + 1, time.monotonic()
+        else:
+            worker.sample = None
+
+    def _expire(self, batch: _Batch, timeout_s: float) -> None:
+        now = time.monotonic()
+        for worker in list(self.workers):
+            if not worker.ready and now - worker.born > STARTUP_TIMEOUT_S:
+                raise RuntimeError(
+                    f"a reward worker did not start within {STARTUP_TIMEOUT_S:.0f} s"
+                )
+            if worker.sample is not None and now - worker.since > timeout_s:
+                sample, j = worker.sample, worker.fn_index
+                self._warn(
+                    batch,
+                    "reward %r timed out after %.1f s on sample %d (%d chars); scored 0",
+                    self.terms[j].name, timeout_s, sample, len(batch.completions[sample]),
+                )
+                self._fail_current(worker, batch, TIMEOUT)
+                self._replace(worker)
+
+    def _died(self, worker: _Worker, batch: _Batch) -> None:
+        worker.process.join(1.0)
+        code = worker.process.exitcode
+        if not worker.ready:
+            self.start_failures += 1
+            if self.start_failures >= MAX_START_FAILURES:
+                raise RuntimeError(f"reward workers exit before they are ready (exit code {code})")
+        elif worker.sample is not None:
+            self._warn(
+                batch, "reward worker died (exit code %s) on sample %d", code, worker.sample
+            )
+            self._fail_current(worker, batch, ERROR)
+        self._replace(worker)
+
+    def _fail_current(self, worker: _Worker, batch: _Batch, status: str) -> None:
+        """Score the running call 0 with `status`; the sample's later functions go back in line."""
+        sample, j = worker.sample, worker.fn_index
+        assert sample is not None
+        batch.record(sample, j, 0.0, status)
+        if j + 1 < len(self.terms):
+            batch.pending.appendleft((sample, j + 1))
+        worker.sample = None
+
+    def _replace(self, worker: _Worker) -> None:
+        worker.stop()
+        self.workers[self.workers.index(worker)] = _Worker(self.ctx, self.payload)
+
+    def _warn(self, batch: _Batch, message: str, *args: Any) -> None:
+        batch.warned += 1
+        if batch.warned <= MAX_WARNINGS_PER_BATCH:
+            logger.warning(message, *args)
+
+    def close(self) -> None:
+        self._finalizer()
+
+
+def _stop_all(workers: list[_Worker]) -> None:
+    """Ask every worker to end, give them a second together, kill the rest."""
+    for worker in workers:
+        worker.ask_to_stop()
+    deadline = time.monotonic() + 1.0
+    for worker in workers:
+        worker.stop(grace_s=max(0.0, deadline - time.monotonic()))

@@ -1,0 +1,72 @@
+"""The menu of reward functions: a plain dict from the name used in run specs to the function."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from rl_core.rewards.functions import (
+    countdown,
+    exact_match,
+    format_lenient,
+    format_strict,
+    math_accuracy,
+)
+
+
+class RewardFn(Protocol):
+    """The one signature of every reward function (see `rl_core.rewards.functions`)."""
+
+    def __call__(self, completion: str, ground_truth: Any, **kwargs: Any) -> float: ...
+
+
+class UnknownRewardError(KeyError):
+    """A reward name that is not registered; the message lists the valid names."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+REWARDS: dict[str, RewardFn] = {
+    "math_accuracy": math_accuracy,
+    "math": math_accuracy,
+    "format": format_strict,
+    "format_strict": format_strict,
+    "format_lenient": format_lenient,
+    "exact_match": exact_match,
+    "countdown": countdown,
+}
+
+
+def reward_names() -> list[str]:
+    """Every registered name, sorted."""
+    return sorted(REWARDS)
+
+
+def get_reward(name: str) -> RewardFn:
+    """The function registered as `name`; UnknownRewardError (a KeyError) naming it and the valid
+    names otherwise."""
+    try:
+        return REWARDS[name]
+    except KeyError:
+        raise UnknownRewardError(
+            f"unknown reward function {name!r}: choose one of {', '.join(reward_names())}"
+        ) from None
+
+
+def check_kwargs(name: str, fn: RewardFn, kwargs: Mapping[str, Any]) -> None:
+    """Raise TypeError when `fn` does not take `kwargs`, naming the keyword arguments it takes."""
+    signature = inspect.signature(fn)
+    try:
+        signature.bind("", None, **kwargs)
+    except TypeError:
+        valid = [
+            p.name
+            for p in list(signature.parameters.values())[2:]
+            if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+        raise TypeError(
+            f"reward function {name!r} does not take {sorted(kwargs)}: "
+            f"its keyword arguments are {', '.join(valid) or '(none)'}"
+        ) from None
