@@ -282,6 +282,7 @@ def _cached(folder: Path, params: Mapping[str, Any]) -> bool:
 def _build(folder: Path, params: Mapping[str, Any]) -> None:
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+    staging.chmod(0o755)  # mkdtemp makes it private; other users (Ray workers) must read it
     try:
         write_synthetic(
             staging,

@@ -112,7 +112,7 @@ def write_tiny(
     """
     out = Path(out).expanduser().absolute()
     if _non_empty(out) and not overwrite:
-        raise FileExistsError(f"{out}: already exists and is not empty (overwrite to replace it)")
+        raise FileExistsError(f"{out}: already exists and is not empty (use --force / overwrite=True to replace it)")
     with _staging_folder(out) as staging:
         _write_folder(model, tokenizer, staging)
         _move_into_place(staging, out, overwrite)
@@ -125,6 +125,8 @@ def _write_folder(
     with _no_progress_bars():
         model.save_pretrained(folder, safe_serialization=True)
     save_tiny_tokenizer(tokenizer, folder)
+    for path in folder.rglob("*"):
+        path.chmod(0o755 if path.is_dir() else 0o644)
 
 
 def _move_into_place(staging: Path, out: Path, overwrite: bool) -> None:
@@ -143,6 +145,7 @@ def _staging_folder(out: Path) -> Iterator[Path]:
     if it was not renamed."""
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    staging.chmod(0o755)  # mkdtemp makes it private; other users (Ray workers) must read it
     try:
         yield staging
     finally:
