@@ -5,6 +5,9 @@
     python -m rl_core spec docs                                         # Markdown field reference
     python -m rl_core make-tiny --size small --out DIR                  # a tiny HF model folder
     python -m rl_core make-data --task addition --digits 3 --out DIR    # synthetic train/val files
+    python -m rl_core train SPEC.yaml [dotted.key=value ...]            # RL training (grpo, dapo)
+    python -m rl_core sft SPEC.yaml [dotted.key=value ...]              # supervised warm start
+    python -m rl_core eval CHECKPOINT DATA [--k 8]                      # accuracy and pass@k
 
 Each command is a function from parsed arguments to an exit status; new command groups (train,
 sft, eval) add a `_add_<group>` function and a line in `build_parser`.
@@ -17,6 +20,7 @@ import json
 import sys
 from collections.abc import Sequence
 
+from rl_core.cli_run import add_parsers as _add_run_commands
 from rl_core.data.cli import add_parser as _add_make_data
 from rl_core.models.cli import add_parser as _add_make_tiny
 from rl_core.spec import SpecError, load_spec, spec_json_schema, spec_reference_markdown
@@ -76,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_spec(commands)
     _add_make_tiny(commands)
     _add_make_data(commands)
+    _add_run_commands(commands)
     return parser
 
 

@@ -1,0 +1,110 @@
+"""The `train`, `sft` and `eval` commands: one entry point for people, the platform and tests.
+
+    python -m rl_core train SPEC.yaml [dotted.key=value ...]
+    python -m rl_core sft SPEC.yaml [dotted.key=value ...]
+    python -m rl_core eval CHECKPOINT DATA [--k 8] [--template plain] [--max-new-tokens 16]
+
+Exit status: 0 on success; 2 for a spec or input error, which a retry cannot fix; 1 for any other
+failure. The last line on stderr always says why a run ended badly, in one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import traceback
+from collections.abc import Callable
+
+from rl_core.spec import SpecError, load_spec
+
+EXIT_INPUT = 2
+EXIT_FAILURE = 1
+
+
+def input_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions that mean the input is wrong (exit 2)."""
+    from rl_core.data.datasets import DataError
+    from rl_core.errors import InputError
+    from rl_core.models.loading import ModelLoadError
+    from rl_core.rewards.registry import UnknownRewardError
+
+    return (SpecError, InputError, DataError, ModelLoadError, UnknownRewardError)
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def run_guarded(work: Callable[[], object]) -> int:
+    """Run `work`, mapping its failure to an exit status and a one-line reason on stderr."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        work()
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    except BaseException as exc:  # noqa: BLE001 - every failure must end with its reason
+        if isinstance(exc, input_errors()):
+            print(f"error: invalid input: {_one_line(exc)}", file=sys.stderr)
+            return EXIT_INPUT
+        traceback.print_exc()
+        print(f"error: {type(exc).__name__}: {_one_line(exc)}", file=sys.stderr)
+        return EXIT_FAILURE
+    return 0
+
+
+def _train(args: argparse.Namespace) -> int:
+    def work():
+        from rl_core.trainer import RLTrainer
+
+        spec = load_spec(args.spec, args.overrides)
+        summary = RLTrainer(spec).fit()
+        print(json.dumps({k: round(v, 6) for k, v in summary.items()}, sort_keys=True))
+
+    return run_guarded(work)
+
+
+def _sft(args: argparse.Namespace) -> int:
+    def work():
+        from rl_core.sft import SFTTrainer
+
+        spec = load_spec(args.spec, args.overrides)
+        summary = SFTTrainer(spec).fit()
+        print(json.dumps({k: round(v, 6) for k, v in summary.items()}, sort_keys=True))
+
+    return run_guarded(work)
+
+
+def _eval(args: argparse.Namespace) -> int:
+    def work():
+        from rl_core.evaluate_cli import evaluate_checkpoint
+
+        result = evaluate_checkpoint(args.checkpoint, args.data, k=args.k, template=args.template,
+                                     max_new_tokens=args.max_new_tokens, reward=args.reward,
+                                     batch_size=args.batch_size)
+        print(json.dumps(result, sort_keys=True))
+
+    return run_guarded(work)
+
+
+def add_parsers(commands: argparse._SubParsersAction) -> None:
+    for name, handler, text in (
+        ("train", _train, "train a policy with RL (grpo, dapo) from a run spec"),
+        ("sft", _sft, "supervised fine-tuning on the spec's prompts and answers (a warm start)"),
+    ):
+        parser = commands.add_parser(name, help=text)
+        parser.add_argument("spec", help="YAML run spec")
+        parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                            help="dotted overrides, e.g. trainer.total_steps=10")
+        parser.set_defaults(handler=handler)
+    parser = commands.add_parser("eval", help="greedy accuracy and pass@k of a checkpoint on a dataset")
+    parser.add_argument("checkpoint", help="a model folder (e.g. outputs/checkpoints/step_20)")
+    parser.add_argument("data", help="jsonl or parquet file with prompt and answer fields")
+    parser.add_argument("--k", type=int, default=0, help="also report pass@k from k samples")
+    parser.add_argument("--template", default="plain", help="prompt template (default: plain)")
+    parser.add_argument("--max-new-tokens", type=int, default=16)
+    parser.add_argument("--reward", default="exact_match", help="correctness reward function")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.set_defaults(handler=_eval)

@@ -1,0 +1,546 @@
+"""Training engine on plain PyTorch: response log-probs and micro-batched AdamW steps.
+
+    engine = TrainEngine.from_spec(model, spec.actor, total_steps=100, dtype="float32",
+                                   device="cpu")
+    old_logprobs, _ = engine.forward_logprobs(ids, mask, positions, response_len=R)
+    metrics = engine.train_step(batch, loss_fn)          # one optimizer step on a mini-batch
+    torch.save(engine.state_dict(), path)                # optimizer + step (weights: the model)
+
+Sequences are laid out as the rollout produces them (`RolloutBatch.to_sequences`): prompts
+left-padded, responses right-padded, the response in the last R columns of every row, position
+ids `cumsum(mask) - 1`. Log-probs are those of the response tokens under
+softmax(logits / temperature); logits are computed only for the R positions that predict the
+response (the hidden states are sliced before the LM head through `logits_to_keep`), in float32.
+
+Micro-batches and the loss scale. `train_step` splits a mini-batch into micro-batches (by rows,
+or by a token budget), and calls the caller's `loss_fn(micro, logprobs, entropy) -> (loss,
+metrics)` on each, where `loss` is aggregated over the micro-batch exactly as it would be over
+a whole batch (the `rl_core.algos` losses do this). The engine backpropagates
+`loss * share`, where share is the micro-batch's part of the mini-batch's normaliser under
+`loss_agg_mode` (`MICRO_SHARES`): its valid response tokens over the mini-batch's for
+token-mean, its sequences with a valid token over the mini-batch's for the seq-mean modes. The
+accumulated gradient is then that of the mini-batch loss, whatever the micro-batch size and
+however uneven the token counts (micro 2 and micro 8 give the same step). Mode `sum` adds the
+micro losses unscaled: the loss function returns its own share (e.g. a masked sum divided by
+a mini-batch normaliser it closes over). Metrics are averaged with the same shares (by rows for
+`sum`).
+
+Padding columns. Each micro-batch drops the leading columns that are padding in all of its rows
+(left padding of the prompts) and the trailing ones (right padding of the responses); padding
+never influences a valid token, so the result is unchanged and short micro-batches run faster.
+Log-probs of dropped response columns are 0. Sequences are not packed (verl's
+`use_remove_padding`); that is left for a later engine.
+
+Dtypes. `param_dtype` float32 trains in float32. bfloat16 casts the parameters (not buffers
+such as rotary frequencies) to bfloat16 and AdamW updates them in bfloat16: there are no
+float32 master weights, so an update below a weight's bfloat16 resolution (about 0.4% of it) is
+lost; fine for smoke runs and tests, prefer float32 on CPU (it is as fast there). float16
+needs loss scaling and is refused.
+
+Optimizer: AdamW (the fused kernel where the device supports it, else foreach) with weight decay
+on every parameter (as verl), a learning rate `lr * lr_factor(step)` set before each step
+(linear warmup, then constant, cosine or linear decay to 0 at `total_steps`), and the global
+gradient norm clipped to `grad_clip` (0: not clipped; the pre-clip norm is reported either way).
+A non-finite loss or gradient norm raises `NonFiniteError` before the optimizer steps.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+
+from rl_core.algos.entropy import log_probs_from_logits
+from rl_core.algos.masked import masked_mean
+
+if TYPE_CHECKING:
+    from rl_core.spec import ActorConfig
+
+# loss_fn(micro, logprobs (b, R), entropy (b, R) | None) -> (scalar loss, metrics)
+LossFn = Callable[
+    [dict[str, Any], torch.Tensor, "torch.Tensor | None"],
+    tuple[torch.Tensor, Mapping[str, Any]],
+]
+
+PARAM_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+METRIC_PREFIX = "actor/"
+
+
+class NonFiniteError(FloatingPointError):
+    """A train step whose loss or gradient norm is NaN or infinite; the optimizer did not step.
+
+    `metrics` holds the step's averaged metrics, the loss and the gradient norm.
+    """
+
+    def __init__(self, what: str, step: int, metrics: dict[str, float]) -> None:
+        self.metrics = metrics
+        shown = ", ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items()))
+        super().__init__(
+            f"non-finite {what} at optimizer step {step + 1}; the step was skipped and the "
+            f"weights are unchanged (lower the lr, check the inputs or use float32): {shown}"
+        )
+
+
+# --------------------------------------------------------------------------- lr schedule
+
+
+def _constant(progress: float) -> float:
+    return 1.0
+
+
+def _cosine(progress: float) -> float:
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def _linear(progress: float) -> float:
+    return 1.0 - progress
+
+
+LR_DECAYS: dict[str, Callable[[float], float]] = {
+    "constant": _constant,
+    "cosine": _cosine,
+    "linear": _linear,
+}
+
+
+def lr_factor(step: int, *, warmup_steps: int, total_steps: int, schedule: str) -> float:
+    """Multiplier of the base lr for the optimizer step taken after `step` completed steps.
+
+    Warmup: (step + 1) / warmup_steps, so the first step already moves and step `warmup_steps`
+    runs at the full lr. Then progress p = (step - warmup) / (total - warmup), clamped to 1,
+    scales the lr by 1 (constant), (1 + cos(pi p)) / 2 (cosine) or 1 - p (linear). With
+    cosine and linear the last of `total_steps` steps still moves; steps past it run at 0.
+    """
+    if schedule not in LR_DECAYS:
+        raise ValueError(f"unknown lr_scheduler {schedule!r}; choose one of {', '.join(LR_DECAYS)}")
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    return LR_DECAYS[schedule](progress)
+
+
+# --------------------------------------------------------------------------- micro-batches
+
+
+def _valid_tokens(mask: torch.Tensor) -> torch.Tensor:
+    return mask.sum()
+
+
+def _valid_sequences(mask: torch.Tensor) -> torch.Tensor:
+    return (mask.sum(-1) > 0).sum()
+
+
+# How much of a mini-batch's loss normaliser a micro-batch holds, per loss_agg_mode: the count
+# of the micro-batch's response_mask (b, R) over that of the mini-batch. None: unscaled (`sum`).
+MICRO_SHARES: dict[str, Callable[[torch.Tensor], torch.Tensor] | None] = {
+    "token-mean": _valid_tokens,
+    "seq-mean-token-mean": _valid_sequences,
+    "seq-mean-token-sum": _valid_sequences,
+    "seq-mean-token-sum-norm": _valid_sequences,
+    "sum": None,
+}
+
+
+def split_rows(n_rows: int, micro_batch_size: int) -> list[slice]:
+    """Consecutive row slices of at most `micro_batch_size` rows."""
+    if micro_batch_size <= 0:
+        raise ValueError(f"micro_batch_size must be positive, got {micro_batch_size}")
+    return [slice(i, min(i + micro_batch_size, n_rows)) for i in range(0, n_rows, micro_batch_size)]
+
+
+def split_tokens(lengths: Sequence[int], max_tokens: int) -> list[slice]:
+    """Consecutive row slices whose summed `lengths` stay within `max_tokens` (dynamic batch
+    size); a row longer than the budget gets a micro-batch of its own."""
+    if max_tokens <= 0:
+        raise ValueError(f"max_token_len must be positive, got {max_tokens}")
+    slices, start, used = [], 0, 0
+    for row, length in enumerate(lengths):
+        if row > start and used + length > max_tokens:
+            slices.append(slice(start, row))
+            start, used = row, 0
+        used += length
+    if start < len(lengths):
+        slices.append(slice(start, len(lengths)))
+    return slices
+
+
+@dataclass(frozen=True)
+class _Extents:
+    """Per row: first and last valid column and valid-token count (host lists: one sync)."""
+
+    first: list[int]
+    last: list[int]
+    lengths: list[int]
+
+    @classmethod
+    def of(cls, attention_mask: torch.Tensor) -> _Extents:
+        valid = attention_mask.bool()  # (B, T)
+        cols = torch.arange(valid.shape[1], device=valid.device).expand_as(valid)
+        first = torch.where(valid, cols, valid.shape[1]).amin(1)  # (B,)
+        last = torch.where(valid, cols, -1).amax(1)  # (B,)
+        rows = torch.stack([first, last, valid.sum(1)]).tolist()
+        return cls(*rows)
+
+    def window(self, rows: slice, width: int, response_len: int) -> tuple[int, int]:
+        """Columns (left, right) to drop from a micro-batch: all-padding on each side, keeping
+        the column that predicts the first response token and at least one response column."""
+        left = min(min(self.first[rows]), width - response_len - 1)
+        right = min(width - 1 - max(self.last[rows]), response_len - 1)
+        return max(left, 0), max(right, 0)
+
+
+# --------------------------------------------------------------------------- losses
+
+
+def sft_loss_fn(
+    micro: Mapping[str, Any], logprobs: torch.Tensor, entropy: torch.Tensor | None
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Supervised warm-start loss: NLL of the response tokens, token-mean (use with the
+    engine's `loss_agg_mode="token-mean"`). logprobs, micro["response_mask"] (b, R) -> scalar."""
+    nll = -masked_mean(logprobs, micro["response_mask"])
+    return nll, {f"{METRIC_PREFIX}sft_loss": nll.detach()}
+
+
+def token_logprobs(
+    logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0, with_entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log softmax(logits / temperature)[label] and optionally the entropy, in float32.
+
+    logits (b, R, V), labels (b, R) -> logprobs (b, R), entropy (b, R) | None.
+    """
+    logits = logits.float()  # only the response positions; a no-op in float32
+    if temperature != 1.0:
+        logits = logits / temperature
+    if not with_entropy:
+        return log_probs_from_logits(logits, labels), None
+    logp = torch.log_softmax(logits, dim=-1)  # (b, R, V), shared by both outputs
+    picked = logp.gather(-1, labels.unsqueeze(-1)).squeeze(-1)  # (b, R)
+    return picked, -(logp.exp() * logp).sum(-1)
+
+
+# --------------------------------------------------------------------------- engine
+
+
+class TrainEngine:
+    """Owns a causal LM's optimizer on one device: response log-probs and optimizer steps.
+
+    The model is moved to `device` (parameters cast to `param_dtype`) and updated in place, so
+    a rollout engine holding the same model sees every update.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        lr: float,
+        weight_decay: float = 0.0,
+        betas: tuple[float, float] = (0.9, 0.999),
+        warmup_steps: int = 0,
+        lr_scheduler: str = "constant",
+        total_steps: int = 1,
+        grad_clip: float = 1.0,
+        param_dtype: str = "float32",
+        device: str | torch.device = "cpu",
+        micro_batch_size: int | None = None,
+        max_token_len: int | None = None,
+        loss_agg_mode: str = "token-mean",
+        trim_padding: bool = True,
+    ) -> None:
+        """`micro_batch_size` (rows), `max_token_len` (valid tokens per micro-batch, dynamic batch
+        size; wins over rows) and `loss_agg_mode` are defaults for `train_step` and
+        `forward_logprobs`; without either size a call runs as one micro-batch.
+        `trim_padding=False` keeps all-padding columns (for comparisons)."""
+        if param_dtype not in PARAM_DTYPES:
+            raise ValueError(
+                f"param_dtype {param_dtype!r} is not supported; use float32 or bfloat16 "
+                "(float16 would need loss scaling)"
+            )
+        lr_factor(0, warmup_steps=warmup_steps, total_steps=total_steps, schedule=lr_scheduler)
+        if loss_agg_mode not in MICRO_SHARES:
+            raise ValueError(
+                f"unknown loss_agg_mode {loss_agg_mode!r}; choose one of {list(MICRO_SHARES)}"
+            )
+        self.device = torch.device(device)
+        self.dtype = PARAM_DTYPES[param_dtype]
+        self.model = _cast_parameters(model, self.dtype).to(self.device)
+        self.lr, self.warmup_steps, self.total_steps = lr, warmup_steps, total_steps
+        self.lr_scheduler, self.grad_clip = lr_scheduler, grad_clip
+        self.micro_batch_size, self.max_token_len = micro_batch_size, max_token_len
+        self.loss_agg_mode, self.trim_padding = loss_agg_mode, trim_padding
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = _adamw(self.params, lr, betas, weight_decay, self.device)
+        self.step = 0  # optimizer steps taken
+
+    @classmethod
+    def from_spec(
+        cls,
+        model: torch.nn.Module,
+        actor: ActorConfig,
+        total_steps: int,
+        dtype: str,
+        device: str | torch.device,
+    ) -> TrainEngine:
+        """An engine configured by the spec's `actor` section; `dtype` is `model.dtype`."""
+        return cls(
+            model,
+            lr=actor.lr,
+            weight_decay=actor.weight_decay,
+            warmup_steps=actor.warmup_steps,
+            lr_scheduler=actor.lr_scheduler,
+            total_steps=total_steps,
+            grad_clip=actor.grad_clip,
+            param_dtype=dtype,
+            device=device,
+            micro_batch_size=actor.ppo_micro_batch_size,
+            max_token_len=actor.max_token_len_per_gpu if actor.use_dynamic_bsz else None,
+            loss_agg_mode=actor.loss_agg_mode,
+        )
+
+    # ----------------------------------------------------------------------- forward
+
+    def forward_logprobs(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        response_len: int,
+        temperature: float = 1.0,
+        micro_batch_size: int | None = None,
+        with_entropy: bool = False,
+        grad: bool = False,
+        max_token_len: int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs (B, R) of the last R = `response_len` tokens of each row under
+        softmax(logits / temperature), and their entropy (B, R) when `with_entropy`.
+
+        input_ids, attention_mask, position_ids (B, T). Without `grad` this runs under no_grad
+        in eval mode (the model's mode is restored after). Micro-batched by rows or tokens.
+        """
+        extents = _Extents.of(attention_mask)
+        slices = self._slices(len(extents.lengths), extents, micro_batch_size, max_token_len)
+        was_training = self.model.training
+        if not grad:
+            self.model.eval()
+        try:
+            with torch.set_grad_enabled(grad):
+                outs = [
+                    self._forward(
+                        input_ids[rows], attention_mask[rows], position_ids[rows],
+                        response_len, temperature, with_entropy, extents, rows,
+                    )
+                    for rows in slices
+                ]
+        finally:
+            self.model.train(was_training)
+        logprobs = torch.cat([lp for lp, _ in outs])
+        entropy = torch.cat([ent for _, ent in outs]) if with_entropy else None
+        return logprobs, entropy
+
+    def _forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        response_len: int,
+        temperature: float,
+        with_entropy: bool,
+        extents: _Extents,
+        rows: slice,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        width = input_ids.shape[1]
+        if not 0 < response_len < width:
+            raise ValueError(f"response_len must be in 1..{width - 1}, got {response_len}")
+        left, right = extents.window(rows, width, response_len) if self.trim_padding else (0, 0)
+        cols = slice(left, width - right)
+        keep = response_len - right  # response columns computed
+        ids = input_ids[:, cols].to(self.device)
+        out = self.model(
+            input_ids=ids,
+            attention_mask=attention_mask[:, cols].to(self.device),
+            position_ids=position_ids[:, cols].to(self.device),
+            use_cache=False,
+            logits_to_keep=keep + 1,
+        )
+        logits = out.logits[:, :-1]  # (b, keep, V): positions predicting the response tokens
+        logprobs, entropy = token_logprobs(logits, ids[:, -keep:], temperature, with_entropy)
+        if right:
+            logprobs = F.pad(logprobs, (0, right))
+            entropy = F.pad(entropy, (0, right)) if entropy is not None else None
+        return logprobs, entropy
+
+    def _slices(
+        self,
+        n_rows: int,
+        extents: _Extents,
+        micro_batch_size: int | None,
+        max_token_len: int | None,
+    ) -> list[slice]:
+        if micro_batch_size is None and max_token_len is None:
+            micro_batch_size, max_token_len = self.micro_batch_size, self.max_token_len
+        if max_token_len is not None:
+            return split_tokens(extents.lengths, max_token_len)
+        return split_rows(n_rows, micro_batch_size or max(n_rows, 1))
+
+    # ----------------------------------------------------------------------- update
+
+    def train_step(
+        self,
+        batch: Mapping[str, Any],
+        loss_fn: LossFn,
+        *,
+        micro_batch_size: int | None = None,
+        max_token_len: int | None = None,
+        loss_agg_mode: str | None = None,
+        temperature: float = 1.0,
+        with_entropy: bool = False,
+    ) -> dict[str, float]:
+        """One optimizer step on the mini-batch `batch`; returns its metrics.
+
+        batch: input_ids, attention_mask, position_ids (B, T), response_mask (B, R), and what
+        `loss_fn` reads (old_logprobs, advantages, ...); every value is indexed by row. Each
+        micro-batch's loss is scaled by its share (see the module docstring), so the step
+        equals one on the whole mini-batch. Metrics must be scalars. A loss over groups of
+        rows (DPO pairs) needs micro-batches that keep each group whole: adjacent rows and a
+        micro_batch_size that is a multiple of the group (a token budget may split groups). Returns the shares-weighted means of the loss
+        function's metrics, `actor/loss`, `actor/grad_norm` (before clipping) and `actor/lr`.
+        Raises NonFiniteError (weights, optimizer and step count untouched) on a non-finite
+        loss or gradient norm.
+        """
+        mode = loss_agg_mode or self.loss_agg_mode
+        if mode not in MICRO_SHARES:
+            raise ValueError(f"unknown loss_agg_mode {mode!r}; choose one of {list(MICRO_SHARES)}")
+        response_mask = batch["response_mask"]
+        extents = _Extents.of(batch["attention_mask"])
+        slices = self._slices(response_mask.shape[0], extents, micro_batch_size, max_token_len)
+        shares, metric_shares = _shares(response_mask, slices, mode)
+        was_training = self.model.training
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_sum = torch.zeros((), device=self.device)
+        totals: dict[str, torch.Tensor] = {}
+        try:
+            for rows, share, metric_share in zip(slices, shares, metric_shares):
+                micro = {k: _to(v[rows], self.device) for k, v in batch.items()}
+                logprobs, entropy = self._forward(
+                    micro["input_ids"], micro["attention_mask"], micro["position_ids"],
+                    response_mask.shape[1], temperature, with_entropy, extents, rows,
+                )
+                loss, metrics = loss_fn(micro, logprobs, entropy)
+                (loss * share).backward()
+                loss_sum += loss.detach().float() * share
+                for name, value in metrics.items():
+                    value = torch.as_tensor(value, device=self.device).detach().float()
+                    totals[name] = totals.get(name, 0) + value * metric_share
+            return self._apply(loss_sum, totals)
+        finally:
+            self.model.train(was_training)
+
+    def _apply(self, loss: torch.Tensor, totals: dict[str, torch.Tensor]) -> dict[str, float]:
+        """Clip, check, step: the end of `train_step`."""
+        grad_norm = self._clip_grad_norm()
+        names = [*totals, f"{METRIC_PREFIX}loss", f"{METRIC_PREFIX}grad_norm"]
+        values = torch.stack([*totals.values(), loss, grad_norm.float()]).tolist()  # one sync
+        metrics = dict(zip(names, values))
+        for what, name in (("loss", names[-2]), ("gradient norm", names[-1])):
+            if not math.isfinite(metrics[name]):
+                self.optimizer.zero_grad(set_to_none=True)
+                raise NonFiniteError(what, self.step, metrics)
+        lr = self.lr * lr_factor(
+            self.step,
+            warmup_steps=self.warmup_steps,
+            total_steps=self.total_steps,
+            schedule=self.lr_scheduler,
+        )
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        metrics[f"{METRIC_PREFIX}lr"] = lr
+        return metrics
+
+    def _clip_grad_norm(self) -> torch.Tensor:
+        """The global gradient norm before clipping; grads clipped to `grad_clip` unless 0."""
+        grads = [p.grad for p in self.params if p.grad is not None]
+        if not grads:
+            return torch.zeros((), device=self.device)
+        norm = torch.nn.utils.get_total_norm(grads, foreach=True)
+        if self.grad_clip > 0:  # a non-finite norm spoils the grads, but then nothing steps
+            torch.nn.utils.clip_grads_with_norm_(self.params, self.grad_clip, norm, foreach=True)
+        return norm
+
+    # ----------------------------------------------------------------------- checkpoint
+
+    def state_dict(self) -> dict[str, Any]:
+        """Optimizer state, schedule and step count (the weights are the model's own state).
+
+        Tensors are shared with the live optimizer: `torch.save` or deep-copy to keep them.
+        """
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": {
+                "lr": self.lr,
+                "lr_scheduler": self.lr_scheduler,
+                "warmup_steps": self.warmup_steps,
+                "total_steps": self.total_steps,
+            },
+            "step": self.step,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore `state_dict()` output; the lr then follows this engine's schedule from the
+        restored step (a resumed run may change the schedule)."""
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step = int(state["step"])
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _shares(
+    response_mask: torch.Tensor, slices: list[slice], mode: str
+) -> tuple[list[float], list[float]]:
+    """Loss and metric weights of each micro-batch; they sum to 1 (loss: all 1 for `sum`)."""
+    n_rows = response_mask.shape[0]
+    by_rows = [(s.stop - s.start) / n_rows for s in slices]
+    count = MICRO_SHARES[mode]
+    if count is None:
+        return [1.0] * len(slices), by_rows
+    counts = [float(count(response_mask[s])) for s in slices]
+    total = sum(counts)
+    if total == 0:  # no valid token anywhere: every loss is 0, weigh by rows
+        return by_rows, by_rows
+    shares = [c / total for c in counts]
+    return shares, shares
+
+
+def _to(value: Any, device: torch.device) -> Any:
+    return value.to(device, non_blocking=True) if isinstance(value, torch.Tensor) else value
+
+
+def _cast_parameters(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """Cast floating parameters (not buffers: rotary tables stay float32) to `dtype`."""
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.is_floating_point() and param.dtype != dtype:
+                param.data = param.data.to(dtype)
+    return model
+
+
+def _adamw(
+    params: list[torch.nn.Parameter],
+    lr: float,
+    betas: tuple[float, float],
+    weight_decay: float,
+    device: torch.device,
+) -> torch.optim.AdamW:
+    """AdamW with the fused kernel where this torch supports it on `device`, else foreach."""
+    options = {"lr": lr, "betas": betas, "weight_decay": weight_decay}
+    try:
+        return torch.optim.AdamW(params, fused=True, **options)
+    except RuntimeError:
+        return torch.optim.AdamW(params, foreach=True, **options)

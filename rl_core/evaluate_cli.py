@@ -1,0 +1,36 @@
+"""`python -m rl_core eval CHECKPOINT DATA`: accuracy and pass@k of a model folder on a dataset."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from rl_core.data.datasets import load_prompts
+from rl_core.data.templates import render_prompts
+from rl_core.engines.rollout import NativeRolloutEngine, SamplingParams
+from rl_core.errors import InputError
+from rl_core.evaluation import evaluate_prompts
+from rl_core.models.loading import load_model_and_tokenizer
+from rl_core.rewards import RewardComposer
+from rl_core.trainer import Prompts, eos_ids
+
+
+def evaluate_checkpoint(checkpoint: str, data: str, *, k: int = 0, template: str = "plain",
+                        max_new_tokens: int = 16, reward: str = "exact_match",
+                        batch_size: int = 64, temperature: float = 1.0, seed: int = 0) -> dict:
+    if k < 0:
+        raise InputError(f"--k must be 0 or more, got {k}")
+    model, tokenizer = load_model_and_tokenizer(checkpoint)
+    records = load_prompts(data, prompt_key="prompt", answer_key="answer")
+    rendered, _ = render_prompts(records, template, tokenizer)
+    prompts = Prompts([tokenizer.encode(r.text, add_special_tokens=False) for r in rendered],
+                      [r.record.ground_truth for r in rendered])
+    rollout = NativeRolloutEngine(model, eos_token_ids=eos_ids(tokenizer, model),
+                                  pad_token_id=tokenizer.pad_token_id)
+    with RewardComposer([reward]) as rewards:
+        # evaluate_prompts reads these attributes of a trainer
+        view = SimpleNamespace(
+            model=model, tokenizer=tokenizer, rollout=rollout, rewards=rewards,
+            sampling=SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature),
+            spec=SimpleNamespace(seed=seed, data=SimpleNamespace(val_batch_size=batch_size)))
+        metrics = evaluate_prompts(view, prompts, prefix="eval", k=k)
+    return {"checkpoint": checkpoint, "data": data, "prompts": len(prompts), **metrics}

@@ -1,0 +1,60 @@
+"""Evaluation: greedy accuracy, mean reward and pass@k of a policy on prompts with answers.
+
+The scores come from the same reward functions as training, so the two cannot drift.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from rl_core.engines.rollout import SamplingParams
+
+CORRECTNESS_REWARDS = ("math_accuracy", "math", "exact_match", "countdown")
+
+
+def correctness_name(names: list[str]) -> str | None:
+    """The reward function that says whether an answer is right, if the spec has one."""
+    return next((n for n in names if n in CORRECTNESS_REWARDS), None)
+
+
+def _batches(items: list, size: int):
+    for start in range(0, len(items), size):
+        yield start, items[start:start + size]
+
+
+@torch.no_grad()
+def score_prompts(rollout, tokenizer, rewards, prompts, params: SamplingParams, batch_size: int,
+                  generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(total rewards (N, n), correctness (N, n)) for N prompts with n samples each."""
+    from rl_core.trainer import decode_responses
+
+    totals, correct = [], []
+    key = correctness_name(rewards.names)
+    for start, ids in _batches(prompts.ids, batch_size):
+        batch = rollout.generate(ids, params, generator=generator)
+        truths = [prompts.truths[start + i] for i in batch.prompt_index.tolist()]
+        scored = rewards.score_batch(decode_responses(tokenizer, batch), truths)
+        totals.append(torch.tensor(scored.total).view(len(ids), params.n))
+        hits = scored.per_function[key] if key else scored.total
+        correct.append((torch.tensor(hits) >= (1.0 if key else 1e-9)).float().view(len(ids), params.n))
+    return torch.cat(totals), torch.cat(correct)
+
+
+def evaluate_prompts(trainer: Any, prompts, prefix: str = "val", k: int = 0) -> dict[str, float]:
+    """Greedy accuracy and mean reward; pass@k from k samples at the rollout settings when k > 0."""
+    trainer.model.eval()
+    greedy = replace(trainer.sampling, do_sample=False, n=1)
+    size = trainer.spec.data.val_batch_size
+    totals, correct = score_prompts(trainer.rollout, trainer.tokenizer, trainer.rewards, prompts,
+                                    greedy, size)
+    metrics = {f"{prefix}/accuracy": float(correct.mean()), f"{prefix}/reward_mean": float(totals.mean())}
+    if k > 0:
+        sampled = replace(trainer.sampling, n=k)
+        generator = torch.Generator().manual_seed(trainer.spec.seed + 1)
+        _, hits = score_prompts(trainer.rollout, trainer.tokenizer, trainer.rewards, prompts,
+                                sampled, max(1, size // k), generator)
+        metrics[f"{prefix}/pass@{k}"] = float(hits.max(dim=1).values.mean())
+    return metrics

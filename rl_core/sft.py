@@ -1,0 +1,110 @@
+"""Supervised fine-tuning on the spec's prompts and answers: the warm start before RL.
+
+Each example is the rendered prompt followed by the answer and the end-of-turn token; the loss
+is the token-mean negative log-likelihood of the answer tokens only. Checkpoints have the same
+layout as RL checkpoints, so `model.path` of an RL spec can point at one.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+from rl_core.checkpoint import save_checkpoint
+from rl_core.data.loader import ResumableLoader
+from rl_core.data.run_data import load_prompt_data
+from rl_core.engines.rollout import NativeRolloutEngine, RolloutBatch, SamplingParams, left_pad
+from rl_core.engines.train import NonFiniteError, TrainEngine, sft_loss_fn
+from rl_core.errors import InputError, TrainingStopped
+from rl_core.models.loading import load_from_spec
+from rl_core.rewards import RewardComposer
+from rl_core.spec import RunSpec
+from rl_core.tracking import make_tracker
+from rl_core.trainer import Prompts, eos_ids, seed_everything, tokenize_prompts
+
+log = logging.getLogger("rl_core")
+
+
+def response_batch(prompts: list[list[int]], responses: list[list[int]], pad: int) -> RolloutBatch:
+    """Prompts (left-padded) followed by known responses (right-padded), as a rollout would be."""
+    prompt_ids, prompt_mask = left_pad(prompts, pad, torch.device("cpu"))
+    width = max(len(r) for r in responses)
+    response_ids = torch.full((len(responses), width), pad, dtype=torch.long)
+    response_mask = torch.zeros((len(responses), width), dtype=torch.long)
+    for row, tokens in enumerate(responses):
+        response_ids[row, : len(tokens)] = torch.tensor(tokens)
+        response_mask[row, : len(tokens)] = 1
+    lengths = response_mask.sum(1)
+    return RolloutBatch(prompt_ids, prompt_mask, response_ids, response_mask,
+                        torch.zeros(response_ids.shape), torch.arange(len(prompts)), lengths,
+                        torch.ones(len(prompts), dtype=torch.bool))
+
+
+class SFTTrainer:
+    def __init__(self, spec: RunSpec, *, device: str = "cpu"):
+        self.spec, self.device = spec, device
+        self.output_dir = Path(spec.trainer.output_dir)
+        seed_everything(spec.seed, spec.trainer.deterministic)
+        self.model, self.tokenizer = load_from_spec(spec.model, device)
+        train_records, val_records = load_prompt_data(spec, cache_dir=self.output_dir / "data")
+        self.train = tokenize_prompts(train_records, spec, self.tokenizer, "training")
+        self.val = tokenize_prompts(val_records, spec, self.tokenizer, "validation") if val_records else None
+        self.eos = eos_ids(self.tokenizer, self.model)
+        end = self.tokenizer.eos_token_id
+        if any(t is None for t in self.train.truths):
+            raise InputError(f"data.answer_key: SFT needs an answer for every prompt "
+                             f"({spec.data.answer_key!r} is missing in some records)")
+        self.targets = [self.tokenizer.encode(str(t), add_special_tokens=False) + [end]
+                        for t in self.train.truths]
+        self.loader = ResumableLoader(list(range(len(self.train))), spec.data.train_batch_size,
+                                      epochs=None if spec.trainer.total_steps else spec.trainer.total_epochs,
+                                      shuffle=spec.data.shuffle, seed=spec.seed)
+        self.total_steps = spec.trainer.total_steps or self.loader.total_steps
+        self.engine = TrainEngine.from_spec(self.model, spec.actor, self.total_steps, spec.model.dtype, device)
+        self.rollout = NativeRolloutEngine(self.model, eos_token_ids=self.eos,
+                                           pad_token_id=self.tokenizer.pad_token_id, device=device)
+        self.sampling = SamplingParams.from_config(spec.rollout)
+        self.rewards = RewardComposer.from_config(spec.reward)
+        self.tracker = make_tracker(spec, self.output_dir)
+        self.step = 0
+
+    def batch(self, rows: list[int]) -> dict[str, torch.Tensor]:
+        batch = response_batch([self.train.ids[i] for i in rows], [self.targets[i] for i in rows],
+                               self.tokenizer.pad_token_id)
+        input_ids, attention_mask, position_ids = batch.to_sequences()
+        return {"input_ids": input_ids, "attention_mask": attention_mask,
+                "position_ids": position_ids, "response_mask": batch.response_mask.float()}
+
+    def fit(self) -> dict[str, float]:
+        from rl_core.evaluation import evaluate_prompts
+
+        self.tracker.log_params(self.spec.flat_params())
+        metrics: dict[str, float] = {}
+        status = "FAILED"
+        try:
+            while self.step < self.total_steps:
+                self.model.train()
+                try:
+                    metrics = self.engine.train_step(self.batch(next(self.loader)), sft_loss_fn,
+                                                     micro_batch_size=self.spec.actor.ppo_micro_batch_size)
+                except NonFiniteError as exc:
+                    raise TrainingStopped(self.step + 1, str(exc), exc.metrics) from exc
+                self.step += 1
+                every = self.spec.trainer.eval_every
+                if self.val is not None and every and (self.step % every == 0 or self.step == self.total_steps):
+                    metrics.update(evaluate_prompts(self, self.val))
+                if self.step % self.spec.trainer.log_every == 0 or self.step == self.total_steps:
+                    self.tracker.log_metrics(metrics, self.step)
+            path = save_checkpoint(self.output_dir, self.step, model=self.model, tokenizer=self.tokenizer,
+                                   state={"engine": self.engine.state_dict()}, spec_yaml=self.spec.to_yaml())
+            self.tracker.log_artifacts(path, f"checkpoints/{path.name}")
+            status = "FINISHED"
+            return {**metrics, "checkpoint_step": float(self.step)}
+        finally:
+            self.rewards.close()
+            self.tracker.finish(status)
+
+
+__all__ = ["SFTTrainer", "Prompts", "response_batch"]

@@ -1,0 +1,151 @@
+"""Where a run's params, metrics and artifacts go: MLflow when configured, else console and file.
+
+`make_tracker(spec, output_dir)` returns one object with `log_params`, `log_metrics`,
+`log_artifacts` and `finish`. A local `metrics.jsonl` is always written under the run's output
+folder; MLflow is used whenever `MLFLOW_TRACKING_URI` is set, and `MLFLOW_RUN_ID` makes the run
+log into a run the platform created beforehand.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("rl_core")
+
+_MLFLOW_BATCH = 100  # MLflow's limit of params / metrics per log_batch call
+_MLFLOW_PARAM_CHARS = 6000
+
+
+class Tracker:
+    """Fans calls out to several sinks; a failing remote sink never stops training."""
+
+    def __init__(self, sinks: list[Any]):
+        self.sinks = sinks
+
+    def _each(self, method: str, *args, **kwargs) -> None:
+        for sink in self.sinks:
+            getattr(sink, method)(*args, **kwargs)
+
+    def log_params(self, params: Mapping[str, str]) -> None:
+        self._each("log_params", params)
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        self._each("log_metrics", {k: float(v) for k, v in metrics.items()}, step)
+
+    def log_artifacts(self, local_dir: str | Path, artifact_path: str) -> None:
+        self._each("log_artifacts", Path(local_dir), artifact_path)
+
+    def finish(self, status: str = "FINISHED") -> None:
+        self._each("finish", status)
+
+    @property
+    def mlflow_run_id(self) -> str | None:
+        return next((s.run_id for s in self.sinks if isinstance(s, MlflowSink)), None)
+
+
+class FileSink:
+    """metrics.jsonl (one object per logged step) and params.json in the output folder."""
+
+    def __init__(self, output_dir: Path):
+        output_dir.mkdir(parents=True, exist_ok=True)
+        self.metrics_path = output_dir / "metrics.jsonl"
+        self.params_path = output_dir / "params.json"
+
+    def log_params(self, params):
+        self.params_path.write_text(json.dumps(dict(params), indent=1, sort_keys=True))
+
+    def log_metrics(self, metrics, step):
+        with self.metrics_path.open("a") as out:
+            out.write(json.dumps({"step": step, **metrics}) + "\n")
+
+    def log_artifacts(self, local_dir, artifact_path):
+        pass  # artifacts already live in the output folder
+
+    def finish(self, status):
+        pass
+
+
+class ConsoleSink:
+    """One readable line per logged step, on stderr."""
+
+    KEYS = ("reward/mean", "val/accuracy", "actor/sft_loss", "actor/pg_loss", "actor/kl_loss", "actor/entropy",
+            "response_length/mean", "perf/tokens_per_s", "timing/step")
+
+    def log_params(self, params):
+        pass
+
+    def log_metrics(self, metrics, step):
+        shown = [f"{k}={metrics[k]:.4g}" for k in self.KEYS if k in metrics]
+        print(f"step {step}: " + " ".join(shown), file=sys.stderr, flush=True)
+
+    def log_artifacts(self, local_dir, artifact_path):
+        pass
+
+    def finish(self, status):
+        pass
+
+
+class MlflowSink:
+    """Logs into one MLflow run through the client API (no global active-run state)."""
+
+    def __init__(self, tracking_uri: str, experiment_name: str, run_name: str | None,
+                 run_id: str | None, tags: Mapping[str, str]):
+        from mlflow.tracking import MlflowClient
+
+        self.client = MlflowClient(tracking_uri)
+        if run_id:
+            self.run_id = self.client.get_run(run_id).info.run_id
+            self.client.update_run(self.run_id, status="RUNNING")
+        else:
+            experiment = self.client.get_experiment_by_name(experiment_name)
+            experiment_id = (experiment.experiment_id if experiment
+                             else self.client.create_experiment(experiment_name))
+            run = self.client.create_run(experiment_id, run_name=run_name, tags=dict(tags))
+            self.run_id = run.info.run_id
+
+    def log_params(self, params):
+        from mlflow.entities import Param
+
+        existing = self.client.get_run(self.run_id).data.params
+        items = [Param(k[:250], str(v)[:_MLFLOW_PARAM_CHARS]) for k, v in params.items()
+                 if k[:250] not in existing]  # a resumed attempt logs the same params again
+        for start in range(0, len(items), _MLFLOW_BATCH):
+            self.client.log_batch(self.run_id, params=items[start:start + _MLFLOW_BATCH])
+
+    def log_metrics(self, metrics, step):
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        items = [Metric(k, v, now, step) for k, v in metrics.items() if math.isfinite(v)]
+        for start in range(0, len(items), _MLFLOW_BATCH):
+            self.client.log_batch(self.run_id, metrics=items[start:start + _MLFLOW_BATCH])
+
+    def log_artifacts(self, local_dir, artifact_path):
+        self.client.log_artifacts(self.run_id, str(local_dir), artifact_path)
+
+    def finish(self, status):
+        self.client.set_terminated(self.run_id, status=status)
+
+
+def make_tracker(spec, output_dir: Path, environ: Mapping[str, str] | None = None) -> Tracker:
+    env = os.environ if environ is None else environ
+    sinks: list[Any] = [FileSink(output_dir)]
+    if "console" in spec.trainer.logger:
+        sinks.append(ConsoleSink())
+    uri = env.get("MLFLOW_TRACKING_URI")
+    if uri:
+        name = spec.trainer.experiment_name or spec.trainer.project_name or "rl_core"
+        tags = {"rl_core.algorithm": spec.algorithm, "attempt": env.get("ASCENT_ATTEMPT", "1")}
+        sinks.append(MlflowSink(uri, name, spec.name, env.get("MLFLOW_RUN_ID"), tags))
+        log.info("tracking to MLflow run %s at %s", sinks[-1].run_id, uri)
+    elif "mlflow" in spec.trainer.logger:
+        log.info("MLFLOW_TRACKING_URI is not set: metrics go to %s only", output_dir / "metrics.jsonl")
+    return Tracker(sinks)

@@ -1,0 +1,69 @@
+"""Fixtures for training tests: a real MLflow server, tiny models and synthetic data."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from contextlib import closing
+from pathlib import Path
+
+import pytest
+
+
+def _free_port() -> int:
+    with closing(socket.socket()) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory):
+    """A real MLflow tracking server (SQLite store, served artifacts) on a free local port."""
+    root = tmp_path_factory.mktemp("mlflow")
+    port = _free_port()
+    mlflow = shutil.which("mlflow", path=str(Path(sys.executable).parent)) or "mlflow"
+    proc = subprocess.Popen(
+        [mlflow, "server", "--backend-store-uri", f"sqlite:///{root}/mlflow.db",
+         "--artifacts-destination", str(root / "artifacts"), "--serve-artifacts",
+         "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+        stdout=open(root / "server.log", "w"), stderr=subprocess.STDOUT,
+        env={**os.environ, "MLFLOW_TRACKING_URI": ""},
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
+                if response.status == 200:
+                    break
+        except OSError:
+            if proc.poll() is not None:
+                raise RuntimeError((root / "server.log").read_text()[-2000:]) from None
+            time.sleep(0.5)
+    else:
+        proc.terminate()
+        raise RuntimeError("the MLflow server did not answer /health within 120 s")
+    yield url
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+@pytest.fixture(scope="session")
+def tiny_cache(tmp_path_factory):
+    """One cache folder for tiny models across the session (ASCENT_CACHE_DIR)."""
+    folder = tmp_path_factory.mktemp("ascent-cache")
+    previous = os.environ.get("ASCENT_CACHE_DIR")
+    os.environ["ASCENT_CACHE_DIR"] = str(folder)
+    yield folder
+    if previous is None:
+        os.environ.pop("ASCENT_CACHE_DIR", None)
+    else:
+        os.environ["ASCENT_CACHE_DIR"] = previous

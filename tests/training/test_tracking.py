@@ -1,0 +1,61 @@
+"""Tracking: the local metrics file always, a real MLflow server when MLFLOW_TRACKING_URI is set."""
+
+from __future__ import annotations
+
+import json
+
+from mlflow.tracking import MlflowClient
+
+from rl_core.spec import resolve_spec
+from rl_core.tracking import make_tracker
+
+SPEC = {"algorithm": "grpo", "name": "tracked", "data": {"synthetic": {"task": "addition"}},
+        "reward": {"functions": [{"name": "exact_match"}]}}
+
+
+def test_without_mlflow_metrics_go_to_a_local_file(tmp_path):
+    tracker = make_tracker(resolve_spec(SPEC), tmp_path, environ={})
+    tracker.log_params({"a": "1"})
+    tracker.log_metrics({"reward/mean": 0.5}, step=1)
+    tracker.log_metrics({"reward/mean": 0.75}, step=2)
+    tracker.finish()
+    lines = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert lines == [{"step": 1, "reward/mean": 0.5}, {"step": 2, "reward/mean": 0.75}]
+    assert tracker.mlflow_run_id is None
+
+
+def test_it_logs_params_metrics_and_artifacts_to_mlflow(tmp_path, mlflow_server):
+    spec = resolve_spec(SPEC)
+    tracker = make_tracker(spec, tmp_path, environ={"MLFLOW_TRACKING_URI": mlflow_server})
+    tracker.log_params(spec.flat_params())
+    for step in (1, 2, 3):
+        tracker.log_metrics({"reward/mean": step / 4, "actor/pg_loss": float("nan")}, step=step)
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "config.json").write_text("{}")
+    tracker.log_artifacts(tmp_path / "ckpt", "checkpoints/step_3")
+    tracker.finish("FINISHED")
+
+    client = MlflowClient(mlflow_server)
+    run = client.get_run(tracker.mlflow_run_id)
+    assert run.info.status == "FINISHED" and run.info.run_name == "tracked"
+    assert run.data.params["actor.clip_ratio_high"] == "0.2"
+    history = client.get_metric_history(run.info.run_id, "reward/mean")
+    assert [(m.step, m.value) for m in history] == [(1, 0.25), (2, 0.5), (3, 0.75)]
+    assert "actor/pg_loss" not in run.data.metrics  # non-finite values are not sent
+    listed = [f.path for f in client.list_artifacts(run.info.run_id, "checkpoints/step_3")]
+    assert listed == ["checkpoints/step_3/config.json"]
+
+
+def test_it_logs_into_a_run_the_platform_created(tmp_path, mlflow_server):
+    client = MlflowClient(mlflow_server)
+    experiment = client.create_experiment("platform-made")
+    created = client.create_run(experiment, run_name="run 7").info.run_id
+    env = {"MLFLOW_TRACKING_URI": mlflow_server, "MLFLOW_RUN_ID": created}
+    spec = resolve_spec(SPEC)
+    for attempt in (1, 2):  # a restarted attempt logs the same params again without failing
+        tracker = make_tracker(spec, tmp_path / str(attempt), environ=env)
+        assert tracker.mlflow_run_id == created
+        tracker.log_params(spec.flat_params())
+        tracker.log_metrics({"reward/mean": 1.0}, step=attempt)
+        tracker.finish()
+    assert len(client.get_metric_history(created, "reward/mean")) == 2

@@ -1,0 +1,153 @@
+"""The RL trainer on a tiny model: it updates, resumes exactly, and reports through MLflow."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+from rl_core.checkpoint import list_checkpoints
+from rl_core.errors import InputError
+from rl_core.spec import resolve_spec
+from rl_core.trainer import RLTrainer, stable_metrics
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def tiny_spec(output_dir: Path, **sections) -> dict:
+    spec = {
+        "algorithm": "grpo",
+        "seed": 7,
+        "model": {"path": "tiny:nano"},
+        "data": {"synthetic": {"task": "addition", "digits": 1, "num_train": 16, "num_val": 8},
+                 "prompt_template": "plain", "train_batch_size": 4, "val_batch_size": 8},
+        "rollout": {"n_samples_per_prompt": 4, "max_new_tokens": 4},
+        "actor": {"lr": 1e-3, "lr_scheduler": "cosine", "ppo_mini_batch_size": 2,
+                  "ppo_micro_batch_size": 4, "ppo_epochs": 2},
+        "reward": {"functions": [{"name": "exact_match"}, {"name": "format_lenient", "weight": 0.1}]},
+        "trainer": {"total_steps": 6, "output_dir": str(output_dir)},
+    }
+    for name, values in sections.items():
+        spec[name] = {**spec.get(name, {}), **values} if isinstance(values, dict) else values
+    return spec
+
+
+def read_metrics(output_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_step_changes_the_parameters(tmp_path, tiny_cache):
+    trainer = RLTrainer(resolve_spec(tiny_spec(tmp_path, trainer={"total_steps": 1})))
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    metrics = trainer.train_step()
+    changed = [k for k, v in trainer.model.state_dict().items() if not torch.equal(v, before[k])]
+    assert changed, "no parameter changed"
+    for key in ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm",
+                "reward/mean", "response_length/mean", "timing/rollout", "perf/tokens_per_s"):
+        assert key in metrics, key
+
+
+def test_resume_is_exact_across_an_epoch_boundary(tmp_path, tiny_cache):
+    # 16 prompts in batches of 4: an epoch is 4 steps, so steps 4 -> 5 cross into the next one.
+    straight = RLTrainer(resolve_spec(tiny_spec(tmp_path / "straight")))
+    straight.fit()
+
+    interrupted = RLTrainer(resolve_spec(tiny_spec(tmp_path / "resumed")))
+    interrupted.tracker.log_params(interrupted.spec.flat_params())
+    for _ in range(3):
+        metrics = interrupted.train_step()
+        interrupted.step += 1
+        interrupted.tracker.log_metrics(metrics, interrupted.step)
+    interrupted.save()
+    interrupted.rewards.close()
+    del interrupted  # the process "dies" here; a new trainer resumes from step 3
+
+    resumed = RLTrainer(resolve_spec(tiny_spec(tmp_path / "resumed")))
+    assert resumed.step == 3
+    resumed.fit()
+
+    a, b = read_metrics(tmp_path / "straight"), read_metrics(tmp_path / "resumed")
+    assert [m["step"] for m in a] == [m["step"] for m in b] == [1, 2, 3, 4, 5, 6]
+    for left, right in zip(a, b):
+        assert stable_metrics(left) == pytest.approx(stable_metrics(right), abs=1e-6), left["step"]
+    for key, value in straight.model.state_dict().items():
+        assert torch.allclose(value, resumed.model.state_dict()[key], atol=1e-6), key
+    assert [step for step, _ in list_checkpoints(tmp_path / "resumed")] == [3, 6]
+
+
+def test_a_partial_checkpoint_is_ignored(tmp_path, tiny_cache):
+    spec = resolve_spec(tiny_spec(tmp_path, trainer={"total_steps": 1}))
+    (tmp_path / "checkpoints" / ".tmp-step_9").mkdir(parents=True)
+    trainer = RLTrainer(spec)
+    assert trainer.step == 0 and not (tmp_path / "checkpoints" / ".tmp-step_9").exists()
+    trainer.rewards.close()
+
+
+def test_it_tracks_to_a_real_mlflow_server(tmp_path, tiny_cache, mlflow_server, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
+    spec = resolve_spec(tiny_spec(tmp_path, trainer={"total_steps": 2, "eval_every": 2,
+                                                     "experiment_name": "trainer-test"},
+                                  name="tracked-run"))
+    trainer = RLTrainer(spec)
+    trainer.fit()
+    client = MlflowClient(mlflow_server)
+    run = client.get_run(trainer.tracker.mlflow_run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.params["rollout.n_samples_per_prompt"] == "4"
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "reward/mean")] == [1, 2]
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "val/accuracy")] == [0, 2]
+    files = {f.path for f in client.list_artifacts(run.info.run_id, "checkpoints/step_2")}
+    assert "checkpoints/step_2/model.safetensors" in files
+
+
+def test_the_algorithm_must_be_one_this_trainer_runs(tmp_path):
+    spec = resolve_spec({**tiny_spec(tmp_path), "algorithm": "dpo",
+                         "data": {"train_files": ["x.jsonl"], "chosen_key": "c", "rejected_key": "r"},
+                         "reward": {"functions": []}})
+    with pytest.raises(InputError, match="dpo"):
+        RLTrainer(spec)
+
+
+def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    return subprocess.run([sys.executable, "-m", "rl_core", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def write_spec(tmp_path: Path, spec: dict) -> Path:
+    import yaml
+
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def test_the_command_exits_2_on_a_spec_error_with_the_reason_last(tmp_path, tiny_cache):
+    path = write_spec(tmp_path, tiny_spec(tmp_path / "out"))
+    result = cli("train", str(path), "actor.clip_ratio_low=0.9", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "actor.clip_ratio_low" in result.stderr.strip().splitlines()[-1]
+
+
+def test_the_command_exits_2_on_a_missing_model_folder(tmp_path):
+    path = write_spec(tmp_path, tiny_spec(tmp_path / "out", model={"path": str(tmp_path / "nowhere")}))
+    result = cli("train", str(path), cwd=tmp_path)
+    assert result.returncode == 2
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: invalid input") and "nowhere" in last
+
+
+def test_the_command_trains_and_exits_0(tmp_path, tiny_cache):
+    path = write_spec(tmp_path, tiny_spec(tmp_path / "out", trainer={"total_steps": 2}))
+    result = cli("train", str(path), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert {"actor/loss", "reward/mean", "timing/step"} <= set(summary)
+    assert (tmp_path / "out" / "checkpoints" / "step_2" / "model.safetensors").is_file()
