@@ -55,26 +55,21 @@ def run_guarded(work: Callable[[], object]) -> int:
     return 0
 
 
-def _train(args: argparse.Namespace) -> int:
-    def work():
-        from rl_core.trainer import RLTrainer
+def _fit(trainer_path: str) -> Callable[[argparse.Namespace], int]:
+    """A command handler that builds `module:Class` from the spec and calls its `fit`."""
 
-        spec = load_spec(args.spec, args.overrides)
-        summary = RLTrainer(spec).fit()
-        print(json.dumps({k: round(v, 6) for k, v in summary.items()}, sort_keys=True))
+    def handler(args: argparse.Namespace) -> int:
+        def work():
+            import importlib
 
-    return run_guarded(work)
+            module, name = trainer_path.split(":")
+            trainer_class = getattr(importlib.import_module(module), name)
+            summary = trainer_class(load_spec(args.spec, args.overrides)).fit()
+            print(json.dumps({k: round(v, 6) for k, v in summary.items()}, sort_keys=True))
 
+        return run_guarded(work)
 
-def _sft(args: argparse.Namespace) -> int:
-    def work():
-        from rl_core.sft import SFTTrainer
-
-        spec = load_spec(args.spec, args.overrides)
-        summary = SFTTrainer(spec).fit()
-        print(json.dumps({k: round(v, 6) for k, v in summary.items()}, sort_keys=True))
-
-    return run_guarded(work)
+    return handler
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -91,8 +86,8 @@ def _eval(args: argparse.Namespace) -> int:
 
 def add_parsers(commands: argparse._SubParsersAction) -> None:
     for name, handler, text in (
-        ("train", _train, "train a policy with RL (grpo, dapo) from a run spec"),
-        ("sft", _sft, "supervised fine-tuning on the spec's prompts and answers (a warm start)"),
+        ("train", _fit("rl_core.trainer:RLTrainer"), "train a policy with RL (grpo, dapo) from a run spec"),
+        ("sft", _fit("rl_core.sft:SFTTrainer"), "supervised fine-tuning on the spec's prompts and answers (a warm start)"),
     ):
         parser = commands.add_parser(name, help=text)
         parser.add_argument("spec", help="YAML run spec")

@@ -77,6 +77,10 @@ class SFTTrainer:
         return {"input_ids": input_ids, "attention_mask": attention_mask,
                 "position_ids": position_ids, "response_mask": batch.response_mask.float()}
 
+    def save(self) -> Path:
+        return save_checkpoint(self.output_dir, self.step, model=self.model, tokenizer=self.tokenizer,
+                               state={"engine": self.engine.state_dict()}, spec_yaml=self.spec.to_yaml())
+
     def fit(self) -> dict[str, float]:
         from rl_core.evaluation import evaluate_prompts
 
@@ -97,8 +101,10 @@ class SFTTrainer:
                     metrics.update(evaluate_prompts(self, self.val))
                 if self.step % self.spec.trainer.log_every == 0 or self.step == self.total_steps:
                     self.tracker.log_metrics(metrics, self.step)
-            path = save_checkpoint(self.output_dir, self.step, model=self.model, tokenizer=self.tokenizer,
-                                   state={"engine": self.engine.state_dict()}, spec_yaml=self.spec.to_yaml())
+                save_every = self.spec.trainer.save_every
+                if save_every and self.step % save_every == 0 and self.step < self.total_steps:
+                    self.save()
+            path = self.save()
             self.tracker.log_artifacts(path, f"checkpoints/{path.name}")
             status = "FINISHED"
             return {**metrics, "checkpoint_step": float(self.step)}

@@ -250,9 +250,9 @@ class TrainEngine:
         loss_agg_mode: str = "token-mean",
         trim_padding: bool = True,
     ) -> None:
-        """`micro_batch_size` (rows), `max_token_len` (valid tokens per micro-batch, dynamic batch
-        size; wins over rows) and `loss_agg_mode` are defaults for `train_step` and
-        `forward_logprobs`; without either size a call runs as one micro-batch.
+        """`micro_batch_size` (rows), `max_token_len` (valid tokens per micro-batch: dynamic
+        batch size, which then overrides every row count) and `loss_agg_mode` are defaults for
+        `train_step` and `forward_logprobs`; without either size a call is one micro-batch.
         `trim_padding=False` keeps all-padding columns (for comparisons)."""
         if param_dtype not in PARAM_DTYPES:
             raise ValueError(
@@ -379,11 +379,10 @@ class TrainEngine:
         micro_batch_size: int | None,
         max_token_len: int | None,
     ) -> list[slice]:
-        if micro_batch_size is None and max_token_len is None:
-            micro_batch_size, max_token_len = self.micro_batch_size, self.max_token_len
-        if max_token_len is not None:
+        max_token_len = max_token_len or self.max_token_len
+        if max_token_len is not None:  # dynamic batch size: row counts are ignored
             return split_tokens(extents.lengths, max_token_len)
-        return split_rows(n_rows, micro_batch_size or max(n_rows, 1))
+        return split_rows(n_rows, micro_batch_size or self.micro_batch_size or max(n_rows, 1))
 
     # ----------------------------------------------------------------------- update
 

@@ -48,3 +48,13 @@ def test_a_tiny_model_and_a_dataset_made_by_the_commands_load_with_plain_transfo
 def test_bad_input_exits_2_with_one_line(tmp_path):
     result = rl_core("make-data", "--task", "sorting", "--out", str(tmp_path), cwd=tmp_path)
     assert result.returncode == 2 and "sorting" in result.stderr
+
+
+def test_every_example_spec_is_valid():
+    from rl_core.spec import load_spec
+
+    examples = sorted((ROOT / "examples").glob("*.yaml"))
+    assert {p.name for p in examples} >= {"grpo_tiny.yaml", "dapo_tiny.yaml", "sft_tiny.yaml",
+                                          "grpo_qwen25_7b.yaml"}
+    for path in examples:
+        load_spec(path)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rl_core.algos import entropy_from_logits, get_policy_loss
-from rl_core.engines.train import NonFiniteError, TrainEngine, sft_loss_fn
+from rl_core.engines.train import NonFiniteError, TrainEngine, sft_loss_fn, split_tokens
 from rl_core.models.tiny import build_tiny
 from rl_core.spec import ActorConfig
 
@@ -204,6 +204,22 @@ def test_a_token_budget_gives_the_same_step_as_one_batch(nano):
     _, g_dynamic = step_with_grads(dynamic, batch, ppo_loss_fn())
 
     assert_same_step(big, dynamic, g_big, g_dynamic)
+
+
+def test_a_configured_token_budget_overrides_row_counts(nano):
+    engine = TrainEngine(fresh(nano), lr=1e-3, max_token_len=20)
+    batch = make_batch(nano[1], seed=6)
+    sizes = []
+
+    def counting(micro, logprobs, entropy):
+        sizes.append(logprobs.shape[0])
+        return sft_loss_fn(micro, logprobs, entropy)
+
+    engine.train_step(batch, counting, micro_batch_size=8)
+
+    lengths = batch["attention_mask"].sum(1).tolist()
+    assert sizes == [s.stop - s.start for s in split_tokens(lengths, 20)]
+    assert len(sizes) > 1
 
 
 def test_sum_mode_adds_micro_losses_the_caller_normalised(nano):
