@@ -402,11 +402,13 @@ class TrainEngine:
         batch: input_ids, attention_mask, position_ids (B, T), response_mask (B, R), and what
         `loss_fn` reads (old_logprobs, advantages, ...); every value is indexed by row. Each
         micro-batch's loss is scaled by its share (see the module docstring), so the step
-        equals one on the whole mini-batch. Metrics must be scalars. A loss over groups of
-        rows (DPO pairs) needs micro-batches that keep each group whole: adjacent rows and a
-        micro_batch_size that is a multiple of the group (a token budget may split groups). Returns the shares-weighted means of the loss
-        function's metrics, `actor/loss`, `actor/grad_norm` (before clipping) and `actor/lr`.
-        Raises NonFiniteError (weights, optimizer and step count untouched) on a non-finite
+        equals one on the whole mini-batch. A loss over groups of rows (DPO pairs) needs
+        micro-batches that keep each group whole: adjacent rows and a micro_batch_size that is
+        a multiple of the group (a token budget may split groups).
+
+        Returns the share-weighted means of the loss function's (scalar) metrics, `actor/loss`,
+        `actor/grad_norm` (before clipping) and `actor/lr` (the lr of this step). Raises
+        NonFiniteError (weights, optimizer state and step count untouched) on a non-finite
         loss or gradient norm.
         """
         mode = loss_agg_mode or self.loss_agg_mode
