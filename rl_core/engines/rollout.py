@@ -13,14 +13,17 @@ Two decoders share one sampling loop:
 - the fast decoder, for Llama-style decoders (Qwen2, Qwen3, Llama, Mistral without a sliding
   window in reach): it runs the model's own weights through a short hand-written forward with a
   preallocated (static) KV cache, fused q/k/v and gate/up projections, one rotary table per call,
-  logits for the last position only, and no per-step bookkeeping beyond the sampled tokens;
+  logits for the last position only, and no per-step bookkeeping beyond the sampled tokens; it
+  can compute in another dtype than the model's (`dtype=torch.bfloat16` for float32 weights);
 - the Hugging Face decoder, for any other causal LM: the model's own `forward` with a
   `DynamicCache`.
 
 Prompts are left-padded, so every response starts in the same column; position ids are
 `cumsum(mask) - 1`, as in Hugging Face `generate` and verl. Each prompt is prefilled once and
 its cache copied to its `n` sample rows. Rows stop on any eos id; generation stops when every
-row has stopped or after `max_new_tokens`.
+row has stopped or after `max_new_tokens`, and once a quarter of the rows have stopped the
+batch is compacted to those still running. Sampling draws from the `generator` passed in
+(on the engine's device), so a seed reproduces a rollout.
 
 Log-probs are those of the sampled token under softmax(logits / temperature), before top-k,
 top-p and min-p filtering (what verl's `old_log_prob` recomputes); with `do_sample=False` the
@@ -205,16 +208,15 @@ def sample_tokens(
 
 def _inverse_cdf(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """One token per row of probs (B, V), drawn with one uniform number per row: the first
-    token whose cumulative probability exceeds it (tokens of probability 0 are never drawn).
+    token whose cumulative probability exceeds it, so a token of probability 0 is not drawn.
     Sum and draw are float64, so even a 150k-token vocabulary's tail keeps its probabilities."""
     cdf = probs.double().cumsum(-1)  # (B, V)
     uniform = torch.rand(
         probs.shape[0], 1, generator=generator, dtype=torch.float64, device=probs.device
     )
     draw = uniform * cdf[:, -1:]
-    tokens = torch.searchsorted(cdf, draw, right=True).squeeze(1)
-    # A draw rounded up to the total mass lands past the end: take the likeliest token instead.
-    return torch.where(tokens < probs.shape[1], tokens, probs.argmax(-1))
+    # A draw rounded up to the total mass would land past the end (odds about 1e-16).
+    return torch.searchsorted(cdf, draw, right=True).squeeze(1).clamp_(max=probs.shape[1] - 1)
 
 
 def _gather(logp: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
