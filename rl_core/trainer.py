@@ -16,6 +16,7 @@ import copy
 import logging
 import math
 import random
+import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 
 from rl_core import algos
 from rl_core.checkpoint import (
@@ -238,6 +240,9 @@ class RLTrainer:
         self.tracker.log_params(self.spec.flat_params())
         last: dict[str, float] = {}
         status = "FAILED"
+        # A progress bar only when a person watches; logs and the platform get metric lines.
+        progress = tqdm(total=self.total_steps, initial=self.step, desc=self.spec.algorithm,
+                        unit="step", disable=not sys.stderr.isatty(), leave=True)
         try:
             if self.step == 0 and self.val is not None and self.spec.trainer.eval_every:
                 last = self.validate()
@@ -245,6 +250,8 @@ class RLTrainer:
             while self.step < self.total_steps:
                 metrics = self.train_step()
                 self.step += 1
+                progress.update(1)
+                progress.set_postfix({"reward": f"{metrics.get('reward/mean', 0):.3f}"})
                 if self._due(self.spec.trainer.eval_every) and self.val is not None:
                     metrics.update(self.validate())
                 if self._due(self.spec.trainer.log_every):
@@ -256,6 +263,7 @@ class RLTrainer:
             status = "FINISHED"
             return last
         finally:
+            progress.close()
             self.rewards.close()
             self.tracker.finish(status)
 

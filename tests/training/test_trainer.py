@@ -151,3 +151,22 @@ def test_the_command_trains_and_exits_0(tmp_path, tiny_cache):
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert {"actor/loss", "reward/mean", "timing/step"} <= set(summary)
     assert (tmp_path / "out" / "checkpoints" / "step_2" / "model.safetensors").is_file()
+
+
+def test_a_non_finite_loss_stops_the_run_with_its_step_and_writes_nothing(tmp_path, tiny_cache):
+    from rl_core.errors import TrainingStopped
+
+    trainer = RLTrainer(resolve_spec(tiny_spec(tmp_path, trainer={"total_steps": 3})))
+    make_loss = trainer._loss_fn
+
+    def poisoned():
+        inner = make_loss()
+        return lambda mb, logprobs, entropy: (inner(mb, logprobs, entropy)[0] * float("nan"), {})
+
+    trainer._loss_fn = poisoned
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    with pytest.raises(TrainingStopped, match="stopped at step 1: non-finite loss") as info:
+        trainer.fit()
+    assert info.value.step == 1 and "actor/loss" in info.value.metrics
+    assert all(torch.equal(v, before[k]) for k, v in trainer.model.state_dict().items())
+    assert list_checkpoints(tmp_path) == []
