@@ -2,7 +2,7 @@
 
     python examples/learning_demo.py [--out outputs/demo] [--plot docs/images/learning_curve.png]
 
-1. SFT `tiny:small` on one-digit addition (examples/sft_tiny.yaml), saving every 25 steps;
+1. SFT `tiny:small` on two-digit addition (examples/sft_tiny.yaml), saving every 50 steps;
 2. pick the last SFT checkpoint whose greedy validation accuracy is between 20 % and 60 %;
 3. train GRPO (examples/grpo_tiny.yaml) and DAPO (examples/dapo_tiny.yaml) from it;
 4. print the accuracy before and after with the training time, and plot accuracy against
@@ -61,7 +61,7 @@ def plot(curves: dict[str, tuple[list[float], list[float]]], path: Path) -> None
     ax.axhline(80, color="grey", linestyle="--", linewidth=1)
     ax.set_xlabel("training time on 2 CPU cores (s)")
     ax.set_ylabel("greedy validation accuracy (%)")
-    ax.set_title("tiny Qwen2 (1M parameters), one-digit addition, from an SFT base")
+    ax.set_title("tiny Qwen2 (1M parameters), two-digit addition, from an SFT base")
     ax.legend()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120, bbox_inches="tight")
@@ -75,7 +75,7 @@ def main(argv: list[str]) -> int:
 
     sft_dir = args.out / "sft"
     SFTTrainer(load_spec(EXAMPLES / "sft_tiny.yaml", [f"trainer.output_dir={sft_dir}",
-                                                      "trainer.save_every=25"])).fit()
+                                                      "trainer.save_every=50"])).fit()
     base, base_accuracy = pick_base(sft_dir)
     print(f"SFT base: {base} (validation accuracy {base_accuracy:.0%})")
     curves = {}
