@@ -259,7 +259,7 @@ class RLTrainer:
                 last = metrics
                 if self._due(self.spec.trainer.save_every) and self.step < self.total_steps:
                     self.save()
-            self._finish(last)
+            self._finish()
             status = "FINISHED"
             return last
         finally:
@@ -270,7 +270,8 @@ class RLTrainer:
     def _due(self, every: int) -> bool:
         return every > 0 and (self.step % every == 0 or self.step == self.total_steps)
 
-    def _finish(self, last: dict[str, float]) -> None:
+    def _finish(self) -> None:
+        """The final checkpoint, also sent to the tracker as an artifact."""
         path = self.save()
         self.tracker.log_artifacts(path, f"checkpoints/{path.name}")
 
