@@ -9,19 +9,12 @@ this test does not request the `db` fixture.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import socket
 import stat
-import subprocess
-import sys
-import time
 import urllib.error
 import urllib.request
-from contextlib import closing
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from embedded_server import embedded_env, free_port, manage, runserver
 
 INVENTORY = """
 import json, os
@@ -45,19 +38,6 @@ print(json.dumps({
 """
 
 
-def free_port() -> int:
-    with closing(socket.socket()) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def manage(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
-    result = subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=180)
-    assert result.returncode == 0, f"manage.py {args[0]}:\n{result.stdout}\n{result.stderr}"
-    return result
-
-
 def get(url: str, token: str) -> tuple[int, dict]:
     request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
     try:
@@ -69,8 +49,7 @@ def get(url: str, token: str) -> tuple[int, dict]:
 
 def test_migrate_and_bootstrap_twice_make_one_admin_and_one_local_cluster(tmp_path):
     var = tmp_path / "var"
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
-    env.update(ASCENT_VAR_DIR=str(var), DJANGO_SETTINGS_MODULE="ascent.settings")
+    env = embedded_env(var)
     credentials = var / "admin-credentials"
     port = free_port()
 
@@ -110,35 +89,14 @@ def test_migrate_and_bootstrap_twice_make_one_admin_and_one_local_cluster(tmp_pa
     assert inventory["admin_tokens"] == 1
 
     # The token in the credentials file authenticates against the served API.
-    log = (tmp_path / "server.log").open("w")
-    server = subprocess.Popen(
-        [sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert server.poll() is None, (tmp_path / "server.log").read_text()
-            try:
-                status, me = get(f"http://127.0.0.1:{port}/api/v1/me/", fields["token"])
-                break
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                assert time.monotonic() < deadline, (tmp_path / "server.log").read_text()
-                time.sleep(0.2)
+    with runserver(env, port, tmp_path / "server.log") as base:
+        status, me = get(f"{base}/api/v1/me/", fields["token"])
         assert status == 200, me
         assert me["username"] == "admin" and me["is_staff"] is True
-        status, clusters = get(f"http://127.0.0.1:{port}/api/v1/clusters/?search=local", fields["token"])
+        status, clusters = get(f"{base}/api/v1/clusters/?search=local", fields["token"])
         assert status == 200, clusters
         [local] = clusters["results"]
         assert local["node_count"] == 1
         assert local["capacity"]["cpu"]["free"] == inventory["cpus"]
-        status, error = get(f"http://127.0.0.1:{port}/api/v1/me/", "asc_not-a-token")
+        status, error = get(f"{base}/api/v1/me/", "asc_not-a-token")
         assert (status, error["error"]) == (401, "not_authenticated")
-    finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait(timeout=10)
-        log.close()

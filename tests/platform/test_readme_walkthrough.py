@@ -10,48 +10,16 @@ No test database is used, so this test does not request the `db` fixture.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import signal
-import socket
 import subprocess
-import sys
-import time
-import urllib.error
-import urllib.request
-from contextlib import closing
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
+from embedded_server import ROOT, embedded_env, free_port, manage, runserver
 README = ROOT / "README.md"
 START, END = "<!-- walkthrough:start -->", "<!-- walkthrough:end -->"
 ASCENT_LINE = re.compile(r"^export ASCENT=http://127\.0\.0\.1:8000$", re.MULTILINE)
 VENV_PYTHON = ROOT / ".venv" / "bin" / "python"
-
-
-def free_port() -> int:
-    with closing(socket.socket()) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def embedded_env(var_dir: Path) -> dict[str, str]:
-    """The environment of `make run` on a fresh machine, with its own var/ folder."""
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
-    env.update(ASCENT_VAR_DIR=str(var_dir), DJANGO_SETTINGS_MODULE="ascent.settings",
-               PYTHONUNBUFFERED="1")
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    return env
-
-
-def manage(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
-    result = subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=180)
-    assert result.returncode == 0, f"manage.py {' '.join(args)}:\n{result.stdout}\n{result.stderr}"
-    return result
 
 
 def walkthrough_script(port: int) -> str:
@@ -74,35 +42,8 @@ def served(tmp_path):
     port = free_port()
     manage(env, "migrate", "--noinput")
     manage(env, "bootstrap", "--host", "127.0.0.1", "--port", str(port))
-    log = (tmp_path / "server.log").open("w")
-    server = subprocess.Popen(
-        [sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            if server.poll() is not None:
-                log_text = (tmp_path / "server.log").read_text()
-                pytest.fail(f"the server exited with {server.returncode}:\n{log_text}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as answer:
-                    if json.load(answer) == {"status": "ok"}:
-                        break
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"/healthz did not answer within 60s:\n{(tmp_path / 'server.log').read_text()}")
-            time.sleep(0.2)
+    with runserver(env, port, tmp_path / "server.log"):
         yield port, env
-    finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait(timeout=10)
-        log.close()
 
 
 def test_the_readme_walkthrough_runs_as_written(served, tmp_path):
