@@ -36,17 +36,23 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
 
 
-def save_checkpoint(output_dir: str | Path, step: int, *, model, tokenizer, state: dict[str, Any],
-                    spec_yaml: str) -> Path:
-    """Write step_<step> atomically and return its path."""
+def save_checkpoint(output_dir: str | Path, step: int, *, state: dict[str, Any], spec_yaml: str,
+                    model=None, tokenizer=None, write=None) -> Path:
+    """Write step_<step> atomically and return its path. The weights come from `model` and
+    `tokenizer` (`save_pretrained`), or from `write(folder)` (roles in other processes write
+    their own files into the temporary folder)."""
     root = checkpoint_root(output_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step}"
     tmp = root / f".tmp-step_{step}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    model.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
+    if model is not None:
+        model.save_pretrained(tmp, safe_serialization=True)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(tmp)
+    if write is not None:
+        write(tmp)
     torch.save({**state, "step": step}, tmp / STATE_FILE)
     (tmp / "spec.yaml").write_text(spec_yaml)
     if final.exists():

@@ -1,8 +1,13 @@
 """The `train`, `sft` and `eval` commands: one entry point for people, the platform and tests.
 
-    python -m rl_core train SPEC.yaml [dotted.key=value ...]
+    python -m rl_core train SPEC.yaml [dotted.key=value ...] [--backend auto|local|ray]
     python -m rl_core sft SPEC.yaml [dotted.key=value ...]
     python -m rl_core eval CHECKPOINT DATA [--k 8] [--template plain] [--max-new-tokens 16]
+
+`train` runs GRPO, DAPO and PPO with `rl_core.trainer.RLTrainer` and DPO with
+`rl_core.dpo.DPOTrainer`. Backend `auto` (the default) runs the roles as Ray actors when
+`RAY_ADDRESS` names a cluster (as inside a Ray job) or the spec asks for more than one device,
+starting a local Ray when none is named; otherwise everything runs in this process.
 
 Exit status: 0 on success; 2 for a spec or input error, which a retry cannot fix; 1 for any other
 failure. The last line on stderr always says why a run ended badly, in one line.
@@ -55,21 +60,39 @@ def run_guarded(work: Callable[[], object]) -> int:
     return 0
 
 
-def _fit(trainer_path: str) -> Callable[[argparse.Namespace], int]:
-    """A command handler that builds `module:Class` from the spec and calls its `fit`."""
+def choose_backend(requested: str, spec) -> str:
+    """`auto`: Ray when RAY_ADDRESS is set or the spec needs more than one device."""
+    import os
 
-    def handler(args: argparse.Namespace) -> int:
-        def work():
-            import importlib
+    if requested != "auto":
+        return requested
+    return "ray" if os.environ.get("RAY_ADDRESS") or spec.world_size > 1 else "local"
 
-            module, name = trainer_path.split(":")
-            trainer_class = getattr(importlib.import_module(module), name)
-            summary = trainer_class(load_spec(args.spec, args.overrides)).fit()
-            print(json.dumps({k: round(v, 6) for k, v in summary.items()}, sort_keys=True))
 
-        return run_guarded(work)
+def _train(args: argparse.Namespace) -> int:
+    def work():
+        spec = load_spec(args.spec, args.overrides)
+        if spec.algorithm == "dpo":
+            from rl_core.dpo import DPOTrainer as trainer_class
+        else:
+            from rl_core.trainer import RLTrainer as trainer_class
+        trainer = trainer_class(spec, backend=choose_backend(args.backend, spec))
+        _print_summary(trainer.fit())
 
-    return handler
+    return run_guarded(work)
+
+
+def _sft(args: argparse.Namespace) -> int:
+    def work():
+        from rl_core.sft import SFTTrainer
+
+        _print_summary(SFTTrainer(load_spec(args.spec, args.overrides)).fit())
+
+    return run_guarded(work)
+
+
+def _print_summary(summary: dict[str, float]) -> None:
+    print(json.dumps({k: round(v, 6) for k, v in summary.items()}, sort_keys=True))
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -86,13 +109,17 @@ def _eval(args: argparse.Namespace) -> int:
 
 def add_parsers(commands: argparse._SubParsersAction) -> None:
     for name, handler, text in (
-        ("train", _fit("rl_core.trainer:RLTrainer"), "train a policy with RL (grpo, dapo) from a run spec"),
-        ("sft", _fit("rl_core.sft:SFTTrainer"), "supervised fine-tuning on the spec's prompts and answers (a warm start)"),
+        ("train", _train, "train a policy with RL (grpo, dapo, ppo, dpo) from a run spec"),
+        ("sft", _sft, "supervised fine-tuning on the spec's prompts and answers (a warm start)"),
     ):
         parser = commands.add_parser(name, help=text)
         parser.add_argument("spec", help="YAML run spec")
         parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                             help="dotted overrides, e.g. trainer.total_steps=10")
+        if name == "train":
+            parser.add_argument("--backend", choices=("auto", "local", "ray"), default="auto",
+                                help="where the roles run (default auto: Ray when RAY_ADDRESS "
+                                     "is set or the spec needs more than one device)")
         parser.set_defaults(handler=handler)
     parser = commands.add_parser("eval", help="greedy accuracy and pass@k of a checkpoint on a dataset")
     parser.add_argument("checkpoint", help="a model folder (e.g. outputs/checkpoints/step_20)")

@@ -11,7 +11,8 @@ from rl_core.errors import InputError
 from rl_core.evaluation import evaluate_prompts
 from rl_core.models.loading import load_model_and_tokenizer
 from rl_core.rewards import RewardComposer
-from rl_core.trainer import Prompts, eos_ids
+from rl_core.roles.workers import eos_ids
+from rl_core.trainer import Prompts
 
 
 def evaluate_checkpoint(checkpoint: str, data: str, *, k: int = 0, template: str = "plain",

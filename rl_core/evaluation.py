@@ -45,7 +45,6 @@ def score_prompts(rollout, tokenizer, rewards, prompts, params: SamplingParams, 
 
 def evaluate_prompts(trainer: Any, prompts, prefix: str = "val", k: int = 0) -> dict[str, float]:
     """Greedy accuracy and mean reward; pass@k from k samples at the rollout settings when k > 0."""
-    trainer.model.eval()
     greedy = replace(trainer.sampling, do_sample=False, n=1)
     size = trainer.spec.data.val_batch_size
     totals, correct = score_prompts(trainer.rollout, trainer.tokenizer, trainer.rewards, prompts,

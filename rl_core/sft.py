@@ -15,14 +15,20 @@ import torch
 from rl_core.checkpoint import save_checkpoint
 from rl_core.data.loader import ResumableLoader
 from rl_core.data.run_data import load_prompt_data
-from rl_core.engines.rollout import NativeRolloutEngine, RolloutBatch, SamplingParams, left_pad
+from rl_core.engines.rollout import (
+    NativeRolloutEngine,
+    RolloutBatch,
+    SamplingParams,
+    left_pad,
+)
 from rl_core.engines.train import NonFiniteError, TrainEngine, sft_loss_fn
 from rl_core.errors import InputError, TrainingStopped
 from rl_core.models.loading import load_from_spec
 from rl_core.rewards import RewardComposer
+from rl_core.roles.workers import eos_ids, seed_everything
 from rl_core.spec import RunSpec
 from rl_core.tracking import make_tracker
-from rl_core.trainer import Prompts, eos_ids, seed_everything, tokenize_prompts
+from rl_core.trainer import Prompts, tokenize_prompts
 
 log = logging.getLogger("rl_core")
 

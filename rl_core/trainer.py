@@ -1,25 +1,34 @@
-"""The single-controller RL loop for outcome-reward algorithms (GRPO, DAPO and their variants).
+"""The single-controller RL loop: GRPO, DAPO, PPO (and Dr.GRPO, RLOO, REINFORCE++).
 
-    trainer = RLTrainer(spec)          # loads model, data, rewards; resumes when asked
-    summary = trainer.fit()            # rollout -> rewards -> log-probs -> advantages -> updates
+    trainer = RLTrainer(spec)                  # roles in this process
+    trainer = RLTrainer(spec, backend="ray")   # roles as Ray actors on the spec's devices
+    summary = trainer.fit()                    # rollout -> stages -> advantages -> updates
 
-One step: sample `n_samples_per_prompt` responses for `data.train_batch_size` prompts with the
-native rollout engine (the training weights, in this process), score them with the rule rewards,
-compute reference log-probs (when a KL term is on) and old log-probs (skipped when the update is
-strictly on-policy), advantages, then `ppo_epochs` passes of mini-batch updates. DAPO adds
-overlong reward shaping and dynamic sampling. Metrics use the names of docs/metrics.md.
+The controller holds the data (prompts, loader), the random generator, the KL controller and the
+tracker; the roles (`rl_core.roles`) hold the models. One step: the actor's ranks sample
+`n_samples_per_prompt` responses for their share of `data.train_batch_size` prompts (the draws
+of each row come from one table seeded per step, so the shards equal one whole batch); the batch
+goes into the data channel, and the stages that work row by row pull it from there at once:
+`reward` (reward workers), `ref_logprob` (reference, when a KL term is on), `old_logprob` (the
+actor, skipped when the update is strictly on-policy) and `values` (the critic, PPO). The
+controller computes advantages, then the actor (and the critic) update on `ppo_epochs` passes of
+mini-batches, each split over the data-parallel ranks. DAPO adds overlong reward shaping and
+dynamic sampling (rewards first, then the other stages on the kept groups).
+
+Both backends run this same code: `backend="local"` calls the workers directly, `"ray"` as
+actors (see `rl_core.roles.cluster`). With the same seed the two give the same metrics, up to
+floating-point rounding, for any number of data-parallel ranks.
 """
 
 from __future__ import annotations
 
-import copy
 import logging
 import math
 import random
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,42 +38,22 @@ import torch
 from tqdm.auto import tqdm
 
 from rl_core import algos
-from rl_core.checkpoint import (
-    clean_partial,
-    latest_checkpoint,
-    load_state,
-    rng_state,
-    save_checkpoint,
-    set_rng_state,
-)
+from rl_core.checkpoint import clean_partial, latest_checkpoint, load_state, save_checkpoint
 from rl_core.data.loader import ResumableLoader
 from rl_core.data.run_data import load_prompt_data
 from rl_core.data.templates import render_prompts
-from rl_core.engines.rollout import NativeRolloutEngine, RolloutBatch, SamplingParams
-from rl_core.engines.train import NonFiniteError, TrainEngine, split_rows, token_logprobs
+from rl_core.engines.rollout import RolloutBatch, SamplingParams
 from rl_core.errors import InputError, TrainingStopped
-from rl_core.models.loading import load_model_and_tokenizer
-from rl_core.rewards import RewardComposer
+from rl_core.models.loading import check_model_folder, load_tokenizer, resolve_model_path
+from rl_core.roles.group import collect
+from rl_core.roles.workers import decode_responses as _decode_rows
+from rl_core.roles.workers import seed_everything
 from rl_core.spec import RunSpec
 from rl_core.tracking import Tracker, make_tracker
 
 log = logging.getLogger("rl_core")
 
 # --------------------------------------------------------------------------- set-up helpers
-
-
-def seed_everything(seed: int, deterministic: bool) -> None:
-    random.seed(seed)
-    torch.manual_seed(seed)
-    if deterministic:
-        torch.use_deterministic_algorithms(True, warn_only=True)
-
-
-def eos_ids(tokenizer, model) -> list[int]:
-    ids = {tokenizer.eos_token_id}
-    configured = getattr(model.generation_config, "eos_token_id", None)
-    ids.update(configured if isinstance(configured, list) else [configured])
-    return sorted(i for i in ids if i is not None)
 
 
 @dataclass
@@ -95,9 +84,7 @@ def tokenize_prompts(records, spec: RunSpec, tokenizer, where: str) -> Prompts:
 
 
 def decode_responses(tokenizer, batch: RolloutBatch) -> list[str]:
-    lengths = batch.response_lengths.tolist()
-    rows = [batch.response_ids[i, :n].tolist() for i, n in enumerate(lengths)]
-    return tokenizer.batch_decode(rows, skip_special_tokens=True)
+    return _decode_rows(tokenizer, batch.response_ids, batch.response_lengths)
 
 
 def token_level_rewards(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
@@ -106,19 +93,6 @@ def token_level_rewards(scores: torch.Tensor, response_mask: torch.Tensor) -> to
     last = (response_mask.sum(1) - 1).clamp(min=0).long()
     rewards[torch.arange(len(scores)), last] = scores.float()
     return rewards * response_mask
-
-
-@torch.no_grad()
-def sequence_logprobs(model, input_ids, attention_mask, position_ids, response_len: int, *,
-                      temperature: float = 1.0, micro_batch_size: int | None = None) -> torch.Tensor:
-    """Log-probs (B, R) of the last `response_len` tokens under a frozen model (the reference)."""
-    outs = []
-    for rows in split_rows(len(input_ids), micro_batch_size or len(input_ids)):
-        out = model(input_ids=input_ids[rows], attention_mask=attention_mask[rows],
-                    position_ids=position_ids[rows], use_cache=False, logits_to_keep=response_len + 1)
-        labels = input_ids[rows, -response_len:]
-        outs.append(token_logprobs(out.logits[:, :-1], labels, temperature)[0])
-    return torch.cat(outs)
 
 
 class Timer:
@@ -141,45 +115,121 @@ class Timer:
 
 # --------------------------------------------------------------------------- the trainer
 
+# how long a stage may wait for its inputs in the channel (a stuck upstream stage is a failure)
+STAGE_TIMEOUT_S = 3600.0
+
+
+def shard_bounds(total: int, parts: int) -> list[tuple[int, int]]:
+    """Contiguous [start, stop) shares of `total` items over `parts` ranks (the first take one
+    more when it does not divide)."""
+    base, extra = divmod(total, parts)
+    bounds, start = [], 0
+    for rank in range(parts):
+        stop = start + base + (rank < extra)
+        bounds.append((start, stop))
+        start = stop
+    return bounds
+
+
+def shard_rows(data: dict[str, Any], parts: int) -> list[dict[str, Any]]:
+    rows = len(next(iter(data.values())))
+    return [{k: v[a:b] for k, v in data.items()} for a, b in shard_bounds(rows, parts)]
+
+
+def preflight(spec: RunSpec, *, local: bool) -> None:
+    """Refuse, before anything loads, a dtype the device kind cannot train in and (in this
+    process) devices this host does not have; each message names the field to change."""
+    from rl_core import device as devices
+
+    kind = devices.get_kind(spec.resources.device_type)
+    if local:
+        devices.check_available(kind, spec.resources.devices_per_node)
+    if not local and kind.torch_type != "cpu":
+        return  # a Ray cluster's devices are not this host's: its ranks check their own
+    ok, reason = devices.supports_dtype(kind, spec.model.dtype)
+    if not ok:
+        raise InputError(f"model.dtype: {spec.model.dtype} cannot train on "
+                         f"{spec.resources.device_type} here: {reason}")
+
 
 class RLTrainer:
-    """GRPO / DAPO (and Dr.GRPO, RLOO, REINFORCE++) on one process, CPU or one device."""
+    """GRPO / DAPO / PPO (and Dr.GRPO, RLOO, REINFORCE++) with roles local or on Ray."""
 
-    def __init__(self, spec: RunSpec, *, device: str = "cpu", tracker: Tracker | None = None):
-        if spec.algorithm not in ("grpo", "dapo"):
-            raise InputError(f"algorithm: {spec.algorithm} is not trained by this trainer yet; "
-                             "use grpo or dapo")
-        self.spec, self.device = spec, device
+    ALGORITHMS = ("grpo", "dapo", "ppo")
+
+    def __init__(self, spec: RunSpec, *, device: str | None = None, tracker: Tracker | None = None,
+                 backend: str = "local"):
+        if spec.algorithm not in self.ALGORITHMS:
+            raise InputError(f"algorithm: {spec.algorithm} is not trained by this trainer; "
+                             "use grpo, dapo or ppo (dpo: rl_core.dpo.DPOTrainer)")
+        if backend not in ("local", "ray"):
+            raise ValueError(f"backend must be local or ray, got {backend!r}")
+        if backend == "local" and spec.world_size > 1:
+            raise InputError(f"resources: {spec.world_size} devices need the Ray backend "
+                             "(python -m rl_core train starts it); or set "
+                             "resources.devices_per_node=1")
+        self.spec, self.backend = spec, backend
+        preflight(spec, local=backend == "local" and device is None)
         self.output_dir = Path(spec.trainer.output_dir)
         seed_everything(spec.seed, spec.trainer.deterministic)
         resume_from = self._resume_checkpoint()
         model_path = str(resume_from) if resume_from else spec.model.path
-        self.model, self.tokenizer = load_model_and_tokenizer(
-            model_path, dtype=spec.model.dtype, tokenizer_path=spec.model.tokenizer_path,
-            trust_remote_code=spec.model.trust_remote_code, device=device,
-            gradient_checkpointing=spec.model.gradient_checkpointing)
-        self.reference = self._make_reference(resume_from) if self._needs_reference() else None
-        train_records, val_records = load_prompt_data(spec, cache_dir=self.output_dir / "data")
-        self.train = tokenize_prompts(train_records, spec, self.tokenizer, "training")
-        self.val = tokenize_prompts(val_records, spec, self.tokenizer, "validation") if val_records else None
+        check_model_folder(resolve_model_path(model_path),
+                           trust_remote_code=spec.model.trust_remote_code)
+        self.tokenizer = load_tokenizer(spec.model.tokenizer_path or model_path,
+                                        trust_remote_code=spec.model.trust_remote_code)
+        self.train, self.val = self._load_data()
         self.loader = ResumableLoader(
             list(range(len(self.train))), spec.data.train_batch_size,
             epochs=None if spec.trainer.total_steps else spec.trainer.total_epochs,
             shuffle=spec.data.shuffle, seed=spec.seed)
         self.total_steps = spec.trainer.total_steps or self.loader.total_steps
-        self.rollout = NativeRolloutEngine(self.model, eos_token_ids=eos_ids(self.tokenizer, self.model),
-                                           pad_token_id=self.tokenizer.pad_token_id, device=device)
         self.sampling = SamplingParams.from_config(spec.rollout)
-        self.engine = TrainEngine.from_spec(self.model, spec.actor, self.total_steps,
-                                            spec.model.dtype, device)
-        self.rewards = RewardComposer.from_config(spec.reward)
         adv = spec.advantage
         self.kl_ctrl = algos.make_kl_controller(adv.kl_ctrl, adv.kl_coef, adv.kl_target, adv.kl_horizon)
         self.generator = torch.Generator().manual_seed(spec.seed)
         self.step = 0
-        if resume_from:
-            self._restore(resume_from)
-        self.tracker = tracker or make_tracker(spec, self.output_dir)
+        self.roles = self._start_roles(model_path, device, resume_from)
+        try:
+            if resume_from:
+                self._restore(resume_from)
+            self.tracker = tracker or make_tracker(spec, self.output_dir)
+        except BaseException:
+            self.roles.shutdown()
+            raise
+        self.rollout = _ShardedRollout(self)
+        self.rewards = _RewardsView(self)
+
+    def _load_data(self) -> tuple[Any, Prompts | None]:
+        """The training items (prompts; DPO: also pairs) and the validation prompts."""
+        spec = self.spec
+        train_records, val_records = load_prompt_data(spec, cache_dir=self.output_dir / "data")
+        train = tokenize_prompts(train_records, spec, self.tokenizer, "training")
+        val = tokenize_prompts(val_records, spec, self.tokenizer, "validation") if val_records else None
+        return train, val
+
+    def _start_roles(self, model_path: str, device: str | None, resume_from: Path | None):
+        from rl_core.roles import cluster
+
+        critic = resume_from / "critic" if resume_from else None
+        options = {"model_path": model_path, "total_steps": self.total_steps,
+                   "reference": self._needs_reference(),
+                   "critic_path": str(critic) if critic and critic.is_dir() else None}
+        if self.backend == "ray":
+            return cluster.ray_roles(self.spec, **options)
+        return cluster.local_roles(self.spec, **options, device=device,
+                                   reference_from_policy=resume_from is None)
+
+    @property
+    def model(self):
+        """The policy model (the local backend only: on Ray it lives in the actor processes)."""
+        if not self.roles.local:
+            raise AttributeError("the policy lives in the Ray actor processes")
+        return self.roles.actor.workers[0].model
+
+    @property
+    def dp(self) -> int:
+        return self.roles.actor.size
 
     # ----------------------------------------------------------------------- resume
 
@@ -197,53 +247,51 @@ class RLTrainer:
 
     def _restore(self, checkpoint: Path) -> None:
         state = load_state(checkpoint)
-        self.engine.load_state_dict(state["engine"])
+        self.roles.actor.call("load_state", {"engine": state["engine"], "rng": state["rng"]})
+        if self.roles.critic is not None and "critic" in state:
+            self.roles.critic.call("load_state", state["critic"])
         self.loader.load_state_dict(state["loader"])
-        set_rng_state(state["rng"])
+        random.setstate(state["controller_rng"])
         self.generator.set_state(state["generator"])
         self.kl_ctrl.value = state["kl_coef"]
         self.step = state["step"]
         log.info("resumed from %s at step %d", checkpoint, self.step)
 
     def _state(self) -> dict[str, Any]:
-        return {"engine": self.engine.state_dict(), "loader": self.loader.state_dict(),
-                "rng": rng_state(), "generator": self.generator.get_state(),
-                "kl_coef": self.kl_ctrl.value}
+        state = {**self.roles.actor.call("state")[0], "loader": self.loader.state_dict(),
+                 "controller_rng": random.getstate(), "generator": self.generator.get_state(),
+                 "kl_coef": self.kl_ctrl.value}
+        if self.roles.critic is not None:
+            state["critic"] = self.roles.critic.call("state")[0]
+        return state
 
     def save(self) -> Path:
-        path = save_checkpoint(self.output_dir, self.step, model=self.model,
-                               tokenizer=self.tokenizer, state=self._state(),
+        def write(folder: Path) -> None:
+            self.roles.actor.call("save_model", str(folder))
+            if self.roles.critic is not None:
+                self.roles.critic.call("save_model", str(folder / "critic"))
+
+        path = save_checkpoint(self.output_dir, self.step, state=self._state(), write=write,
                                spec_yaml=self.spec.to_yaml())
         log.info("saved %s", path)
         return path
-
-    # ----------------------------------------------------------------------- reference model
 
     def _needs_reference(self) -> bool:
         s = self.spec
         return s.reference.enable and (s.actor.use_kl_loss or s.advantage.use_kl_in_reward)
 
-    def _make_reference(self, resume_from: Path | None):
-        """The initial policy, frozen: a copy now, or the original weights when resuming."""
-        if resume_from is None:
-            model = copy.deepcopy(self.model)
-        else:
-            model, _ = load_model_and_tokenizer(self.spec.model.path, dtype=self.spec.model.dtype,
-                                                device=self.device)
-        model.eval().requires_grad_(False)
-        return model
-
     # ----------------------------------------------------------------------- the loop
 
     def fit(self) -> dict[str, float]:
-        """Train until `total_steps`; returns the last logged metrics."""
-        self.tracker.log_params(self.spec.flat_params())
+        """Train until `total_steps`; returns the last logged metrics. The roles are shut
+        down at the end, whatever happens."""
         last: dict[str, float] = {}
         status = "FAILED"
         # A progress bar only when a person watches; logs and the platform get metric lines.
         progress = tqdm(total=self.total_steps, initial=self.step, desc=self.spec.algorithm,
                         unit="step", disable=not sys.stderr.isatty(), leave=True)
         try:
+            self.tracker.log_params(self.spec.flat_params())
             if self.step == 0 and self.val is not None and self.spec.trainer.eval_every:
                 last = self.validate()
                 self.tracker.log_metrics(last, step=0)
@@ -264,8 +312,12 @@ class RLTrainer:
             return last
         finally:
             progress.close()
-            self.rewards.close()
+            self.close()
             self.tracker.finish(status)
+
+    def close(self) -> None:
+        """Stop the roles (their processes, on Ray); the trainer cannot step after this."""
+        self.roles.shutdown()
 
     def _due(self, every: int) -> bool:
         return every > 0 and (self.step % every == 0 or self.step == self.total_steps)
@@ -279,10 +331,9 @@ class RLTrainer:
         timer = Timer()
         with timer("step"):
             with timer("rollout"):
-                batch, scores, metrics = self.generate_batch(timer)
-            data = self.prepare_update(batch, scores, timer, metrics)
+                batch, metrics, columns = self.generate_batch(timer)
+            data = self.prepare_update(batch, columns, timer, metrics)
             with timer("update"):
-                self.rollout.free_cache()
                 metrics.update(self.update(data))
         metrics.update(timer.metrics())
         tokens = int(batch.response_mask.sum() + batch.prompt_mask.sum())
@@ -290,57 +341,62 @@ class RLTrainer:
         metrics["perf/total_tokens"] = float(tokens)
         return metrics
 
-    # ----------------------------------------------------------------------- rollout + rewards
+    # ----------------------------------------------------------------------- rollout
 
     def _next_prompts(self) -> Prompts:
         return self.train.take(next(self.loader))
 
-    def _generate(self, prompts: Prompts, params: SamplingParams) -> RolloutBatch:
-        self.model.eval()
-        return self.rollout.generate(prompts.ids, params, generator=self.generator)
+    def _draw_seed(self) -> int:
+        return int(torch.randint(0, 2**62, (1,), generator=self.generator))
 
-    def _score(self, batch: RolloutBatch, truths: list[Any]) -> tuple[torch.Tensor, dict[str, float]]:
-        texts = decode_responses(self.tokenizer, batch)
-        row_truths = [truths[i] for i in batch.prompt_index.tolist()]
-        scored = self.rewards.score_batch(texts, row_truths)
-        scores = torch.tensor(scored.total, dtype=torch.float32)
-        metrics = scored.metrics(prefix="reward")
-        if not torch.isfinite(scores).all():
-            raise TrainingStopped(self.step + 1, "a reward is not finite", metrics)
-        buffer = self.spec.advantage.overlong_buffer
-        if buffer.enable:
-            penalty = algos.overlong_penalty(batch.response_lengths, self.sampling.max_new_tokens,
-                                             buffer.len, buffer.penalty_factor)
-            scores = scores + penalty
-            metrics["reward/overlong_penalty"] = float(penalty.mean())
-        return scores, metrics
+    def generate(self, prompt_ids: list[list[int]], params: SamplingParams,
+                 seed: int | None = None) -> RolloutBatch:
+        """Sample the prompts on the actor's ranks (each its contiguous share) as one batch."""
+        if seed is None:
+            seed = self._draw_seed() if params.do_sample else 0
+        total = len(prompt_ids) * params.n
+        bounds = shard_bounds(len(prompt_ids), self.dp)
+        parts = self.roles.actor.map("generate", [
+            (prompt_ids[a:b], params, seed, (a * params.n, b * params.n), total) for a, b in bounds])
+        parts = [p for p in parts if p is not None]
+        if len(parts) == 1:
+            return parts[0]
+        return concat_batches([(p, torch.zeros(len(p))) for p in parts], limit_rows=total)[0]
 
-    def generate_batch(self, timer: Timer) -> tuple[RolloutBatch, torch.Tensor, dict[str, float]]:
-        """One batch of scored responses; with DAPO dynamic sampling, only informative groups."""
+    def generate_batch(self, timer: Timer) -> tuple[RolloutBatch, dict[str, float], dict[str, Any]]:
+        """One batch of scored responses (and its stage outputs); with DAPO dynamic sampling,
+        only informative groups."""
         dynamic = self.spec.advantage.dynamic_sampling
         if not dynamic.enable:
             prompts = self._next_prompts()
-            batch = self._generate(prompts, self.sampling)
-            with timer("reward"):
-                scores, metrics = self._score(batch, prompts.truths)
+            batch = self.generate(prompts.ids, self.sampling)
+            columns, metrics = self._run_stages(batch, prompts.truths, self._stages(), timer)
+            scores, more = self._shape_scores(batch, columns)
+            metrics.update(more)
             metrics.update(self._batch_metrics(batch, scores))
-            return batch, scores, metrics
+            columns["score"] = scores
+            return batch, metrics, columns
         return self._dynamic_batch(dynamic.max_num_gen_batches, timer)
 
     def _dynamic_batch(self, max_batches: int, timer: Timer):
         wanted, n = self.spec.data.train_batch_size, self.sampling.n
         kept: list[tuple[RolloutBatch, torch.Tensor]] = []
+        kept_truths: list[Any] = []
         all_scores, metrics, groups, rounds = [], {}, 0, 0
         while groups < wanted and (max_batches == 0 or rounds < max_batches):
             rounds += 1
             prompts = self._next_prompts()
-            batch = self._generate(prompts, self.sampling)
-            with timer("reward"):
-                scores, metrics = self._score(batch, prompts.truths)
+            batch = self.generate(prompts.ids, self.sampling)
+            columns, metrics = self._run_stages(batch, prompts.truths, ["reward"], timer)
+            scores, more = self._shape_scores(batch, columns)
+            metrics.update(more)
             all_scores.append(scores)
             keep, count = algos.filter_groups(scores, batch.prompt_index)
             if count:
                 kept.append((select_rows(batch, keep), scores[keep]))
+                rows = keep.nonzero().squeeze(1).tolist()
+                truths = [prompts.truths[i] for i in batch.prompt_index.tolist()]
+                kept_truths.extend(truths[r] for r in rows)
                 groups += count
         metrics.update({"dapo/num_gen_batches": float(rounds), "dapo/kept_groups": float(min(groups, wanted))})
         scores_seen = torch.cat(all_scores)
@@ -356,8 +412,86 @@ class RLTrainer:
             log.warning("step %d: dynamic sampling kept %d of %d groups after %d generation batches",
                         self.step + 1, groups, wanted, rounds)
         batch, scores = concat_batches(kept, limit_rows=wanted * n)
+        rest = [s for s in self._stages() if s != "reward"]
+        columns, stage_metrics = self._run_stages(batch, None, rest, timer,
+                                                  extra={"score": scores})
+        metrics.update(stage_metrics)
+        columns["score"] = scores
         metrics.update(self._batch_metrics(batch, scores))
-        return batch, scores, metrics
+        return batch, metrics, columns
+
+    # ----------------------------------------------------------------------- stages
+
+    def _stages(self) -> list[str]:
+        stages = ["reward"]
+        if self.roles.reference is not None:
+            stages.append("ref_logprob")
+        if not self._on_policy():
+            stages.append("old_logprob")
+        if self.roles.critic is not None:
+            stages.append("values")
+        return stages
+
+    def _run_stages(self, batch: RolloutBatch, truths: list[Any] | None, stages: list[str],
+                    timer: Timer, extra: dict[str, Any] | None = None
+                    ) -> tuple[dict[str, Any], dict[str, float]]:
+        """Put the batch into the data channel and let every stage's role pull it at once."""
+        from rl_core.data.channel import _call
+
+        input_ids, attention_mask, position_ids = batch.to_sequences()
+        columns: dict[str, Any] = {
+            "input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids,
+            "response_mask": batch.response_mask, "response_ids": batch.response_ids,
+            "response_lengths": batch.response_lengths, **(extra or {})}
+        if truths is not None:
+            columns["truth"] = [truths[i] for i in batch.prompt_index.tolist()]
+        channel = self.roles.channel
+        _call(channel, "new_batch", len(batch), columns)
+        rows = len(batch)
+        plan = {
+            "reward": (self.roles.reward, ["response_ids", "response_lengths", "truth"],
+                       ["score", *(f"reward_fn/{n}" for n in self.rewards.names)]),
+            "ref_logprob": (self.roles.reference, list(SEQUENCE_KEYS), ["ref_logprobs"]),
+            "old_logprob": (self.roles.actor, list(SEQUENCE_KEYS), ["old_logprobs"]),
+            "values": (self.roles.critic, list(SEQUENCE_KEYS), ["values"]),
+        }
+        pending = []
+        for stage in stages:
+            group, needs, _ = plan[stage]
+            chunk = max(1, -(-rows // group.size))
+            pending.append((stage, group.submit("drain", channel, stage, needs, chunk,
+                                                STAGE_TIMEOUT_S)))
+        started = time.perf_counter()
+        results = collect(*(p for _, p in pending))
+        metrics: dict[str, float] = {}
+        for (stage, _), per_rank in zip(pending, results):
+            metrics[f"channel/wait_s/{stage}"] = sum(r["wait_s"] for r in per_rank)
+            timer.seconds[stage] += max(r.get("seconds", 0.0) for r in per_rank)
+        timer.seconds["stages"] += time.perf_counter() - started
+        out: dict[str, Any] = {}
+        for stage in stages:
+            for name in plan[stage][2]:
+                out[name] = _call(channel, "column", name)
+        return out, metrics
+
+    def _shape_scores(self, batch: RolloutBatch, columns: dict[str, Any]
+                      ) -> tuple[torch.Tensor, dict[str, float]]:
+        """Scores with overlong shaping; reward metrics; a non-finite score stops the run."""
+        scores = columns["score"].float()
+        metrics = {f"reward/{name}/mean": float(columns[f"reward_fn/{name}"].mean())
+                   for name in self.rewards.names}
+        counters = self.roles.reward.call("counters")
+        metrics["reward/timeouts"] = float(sum(c["timeouts"] for c in counters))
+        metrics["reward/errors"] = float(sum(c["errors"] for c in counters))
+        if not torch.isfinite(scores).all():
+            raise TrainingStopped(self.step + 1, "a reward is not finite", metrics)
+        buffer = self.spec.advantage.overlong_buffer
+        if buffer.enable:
+            penalty = algos.overlong_penalty(batch.response_lengths, self.sampling.max_new_tokens,
+                                             buffer.len, buffer.penalty_factor)
+            scores = scores + penalty
+            metrics["reward/overlong_penalty"] = float(penalty.mean())
+        return scores, metrics
 
     def _batch_metrics(self, batch: RolloutBatch, scores: torch.Tensor) -> dict[str, float]:
         lengths = batch.response_lengths.float()
@@ -371,33 +505,24 @@ class RLTrainer:
 
     # ----------------------------------------------------------------------- update
 
-    def _on_policy(self, rows: int) -> bool:
+    def _on_policy(self) -> bool:
         """One pass over one mini-batch: the old policy is the current one, ratio == 1."""
+        rows = self.spec.data.train_batch_size * self.sampling.n
         return self.spec.actor.ppo_epochs == 1 and self._mini_rows() >= rows
 
     def _mini_rows(self) -> int:
         return self.spec.actor.ppo_mini_batch_size * self.sampling.n
 
-    def prepare_update(self, batch: RolloutBatch, scores: torch.Tensor, timer: Timer,
+    def prepare_update(self, batch: RolloutBatch, columns: dict[str, Any], timer: Timer,
                        metrics: dict[str, float]) -> dict[str, torch.Tensor]:
         input_ids, attention_mask, position_ids = batch.to_sequences()
         mask = batch.response_mask.float()
         data = {"input_ids": input_ids, "attention_mask": attention_mask,
                 "position_ids": position_ids, "response_mask": mask}
-        response_len = batch.response_ids.shape[1]
-        micro = self.spec.rollout.log_prob_micro_batch_size
-        temperature = self._temperature()
-        if not self._on_policy(len(batch)):
-            with timer("old_logprob"):
-                data["old_logprobs"] = self.engine.forward_logprobs(
-                    input_ids, attention_mask, position_ids, response_len,
-                    temperature=temperature, micro_batch_size=micro)[0]
-        if self.reference is not None:
-            with timer("ref"):
-                data["ref_logprobs"] = sequence_logprobs(
-                    self.reference, input_ids, attention_mask, position_ids, response_len,
-                    temperature=temperature, micro_batch_size=self.spec.reference.log_prob_micro_batch_size)
-        rewards = token_level_rewards(scores, mask)
+        for name in ("old_logprobs", "ref_logprobs", "values"):
+            if name in columns:
+                data[name] = columns[name].float()
+        rewards = token_level_rewards(columns["score"], mask)
         adv = self.spec.advantage
         if adv.use_kl_in_reward:
             old = data.get("old_logprobs", batch.logprobs)
@@ -406,15 +531,16 @@ class RLTrainer:
             self.kl_ctrl.update(float(current_kl), n_steps=len(batch))
             metrics.update({"actor/reward_kl": float(current_kl), "actor/kl_coef": self.kl_ctrl.value})
         with timer("adv"):
-            advantages, _ = algos.compute_advantage(
+            advantages, returns = algos.compute_advantage(
                 adv.adv_estimator, rewards, mask, index=batch.prompt_index,
-                **self._advantage_options())
+                values=data.get("values"), **self._advantage_options())
         data["advantages"] = advantages
+        if "values" in data:
+            data["returns"] = returns
+            metrics["critic/values/mean"] = float(algos.masked_mean(data["values"], mask))
+            metrics["critic/returns/mean"] = float(algos.masked_mean(returns, mask))
         metrics["critic/advantages/mean"] = float(algos.masked_mean(advantages, mask))
         return data
-
-    def _temperature(self) -> float:
-        return self.sampling.temperature if self.sampling.do_sample else 1.0
 
     def _advantage_options(self) -> dict[str, Any]:
         adv = self.spec.advantage
@@ -423,60 +549,43 @@ class RLTrainer:
             return {"norm_adv_by_std": adv.norm_adv_by_std_in_grpo}
         if name in ("reinforce_plus_plus", "reinforce_plus_plus_baseline"):
             return {"gamma": adv.gamma}
+        if name == "gae":
+            return {"gamma": adv.gamma, "lam": adv.lam}
         return {}
 
     def update(self, data: dict[str, torch.Tensor]) -> dict[str, float]:
-        self.model.train()
+        """`ppo_epochs` passes of mini-batches; each mini-batch split over the ranks. The
+        critic (PPO) updates at the same time as the actor, on the same mini-batches."""
         rows = data["input_ids"].shape[0]
-        loss_fn = self._loss_fn()
-        sums: dict[str, float] = defaultdict(float)
-        count = 0
+        per_rank: list[list[dict[str, torch.Tensor]]] = [[] for _ in range(self.dp)]
         for _ in range(self.spec.actor.ppo_epochs):
             order = torch.randperm(rows, generator=self.generator)
             for start in range(0, rows, self._mini_rows()):
                 index = order[start:start + self._mini_rows()]
                 mini = {k: v[index] for k, v in data.items()}
-                try:
-                    step_metrics = self.engine.train_step(
-                        mini, loss_fn, micro_batch_size=self.spec.actor.ppo_micro_batch_size,
-                        loss_agg_mode=self.spec.actor.loss_agg_mode,
-                        temperature=self._temperature(), with_entropy=True)
-                except NonFiniteError as exc:
-                    raise TrainingStopped(self.step + 1, str(exc), exc.metrics) from exc
+                for rank, shard in enumerate(shard_rows(mini, self.dp)):
+                    per_rank[rank].append(shard)
+        step = self.step + 1
+        actor_keys = ("input_ids", "attention_mask", "position_ids", "response_mask",
+                      "old_logprobs", "ref_logprobs", "advantages")
+        calls = [self.roles.actor.submit_map("update", [
+            ([{k: v for k, v in m.items() if k in actor_keys} for m in minis], step)
+            for minis in per_rank])]
+        if self.roles.critic is not None:
+            critic_keys = ("input_ids", "attention_mask", "position_ids", "response_mask",
+                           "values", "returns")
+            calls.append(self.roles.critic.submit_map("update", [
+                ([{k: v for k, v in m.items() if k in critic_keys} for m in minis], step)
+                for minis in per_rank]))
+        results = collect(*calls)
+        sums: dict[str, float] = defaultdict(float)
+        counts: dict[str, int] = defaultdict(int)
+        for per_group in results:
+            for step_metrics in per_group[0]:  # every rank reports the same (all-reduced) values
                 for key, value in step_metrics.items():
                     sums[key] += value
-                count += 1
-        return {k: v / count for k, v in sums.items()}
-
-    def _loss_fn(self) -> Callable:
-        actor, name = self.spec.actor, self.spec.actor.policy_loss
-        policy_loss = algos.get_policy_loss(name)
-        clip = {"clip_ratio_low": actor.clip_ratio_low, "clip_ratio_high": actor.clip_ratio_high}
-        if name == "vanilla":
-            clip["clip_ratio_c"] = actor.clip_ratio_c
-        mode = actor.loss_agg_mode
-        norm_len = self.sampling.max_new_tokens
-
-        def loss_fn(mb: dict[str, torch.Tensor], logprobs: torch.Tensor, entropy: torch.Tensor | None):
-            mask = mb["response_mask"]
-            old = mb["old_logprobs"] if "old_logprobs" in mb else logprobs.detach()
-            pg_loss, m = policy_loss(old, logprobs, mb["advantages"], mask, loss_agg_mode=mode,
-                                     norm_len=norm_len, **clip)
-            loss = pg_loss
-            metrics = {"actor/pg_loss": pg_loss.detach(), "actor/pg_clipfrac": m["pg_clipfrac"],
-                       "actor/ppo_kl": m["ppo_kl"]}
-            if entropy is not None:
-                ent = algos.agg_loss(entropy, mask, mode, norm_len=norm_len)
-                loss = loss - actor.entropy_coeff * ent
-                metrics["actor/entropy"] = ent.detach()
-            if actor.use_kl_loss and "ref_logprobs" in mb:
-                kl = algos.kl_loss(logprobs, mb["ref_logprobs"], mask, actor.kl_loss_type,
-                                   loss_agg_mode=mode)
-                loss = loss + actor.kl_loss_coef * kl
-                metrics["actor/kl_loss"] = kl.detach()
-            return loss, metrics
-
-        return loss_fn
+                    counts[key] += 1
+        return {k: v / counts[k] for k, v in sums.items()}
 
     # ----------------------------------------------------------------------- validation
 
@@ -485,6 +594,41 @@ class RLTrainer:
         from rl_core.evaluation import evaluate_prompts
 
         return evaluate_prompts(self, self.val, prefix="val")
+
+
+SEQUENCE_KEYS = ("input_ids", "attention_mask", "position_ids", "response_mask")
+
+
+class _ShardedRollout:
+    """`generate(ids, params, generator)` over the actor's ranks (what evaluation calls)."""
+
+    def __init__(self, trainer: RLTrainer) -> None:
+        self.trainer = trainer
+
+    def generate(self, prompt_ids, params: SamplingParams, generator: torch.Generator | None = None):
+        seed = int(torch.randint(0, 2**62, (1,), generator=generator)) if params.do_sample else 0
+        return self.trainer.generate(list(prompt_ids), params, seed=seed)
+
+
+class _RewardsView:
+    """`score_batch(texts, truths)` and `names` on the first reward worker."""
+
+    def __init__(self, trainer: RLTrainer) -> None:
+        self.group = trainer.roles.reward
+        self._names: list[str] | None = None
+
+    @property
+    def names(self) -> list[str]:
+        if self._names is None:
+            self._names = list(_first(self.group.call("score_names")))
+        return self._names
+
+    def score_batch(self, texts, truths):
+        return _first(self.group.call("score_texts", list(texts), list(truths)))
+
+
+def _first(results: list[Any]) -> Any:
+    return results[0]
 
 
 def select_rows(batch: RolloutBatch, keep: torch.Tensor) -> RolloutBatch:

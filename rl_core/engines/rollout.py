@@ -187,13 +187,17 @@ def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 
 
 def sample_tokens(
-    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None
+    logits: torch.Tensor,
+    params: SamplingParams,
+    generator: torch.Generator | None = None,
+    uniform: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample one token per row of `logits` (B, V); returns (tokens (B,), logprobs (B,)).
 
     The log-prob is under softmax(logits / temperature), before filtering. Sampling is by
-    inverse CDF, one uniform number per row from `generator` (torch.multinomial and the
-    exponential race draw per vocabulary entry, which costs far more on CPU).
+    inverse CDF, one uniform number per row: `uniform` (B,) when given, else drawn from
+    `generator` (torch.multinomial and the exponential race draw per vocabulary entry, which
+    costs far more on CPU).
     """
     logits = logits.float()
     if not params.do_sample:
@@ -202,19 +206,37 @@ def sample_tokens(
     scaled = logits / params.temperature if params.temperature != 1 else logits
     logp = scaled.log_softmax(-1)  # (B, V)
     probs = filter_logits(scaled, params).softmax(-1) if params.filters else logp.exp()
-    tokens = _inverse_cdf(probs, generator)
+    if uniform is None:
+        uniform = torch.rand(
+            probs.shape[0], generator=generator, dtype=torch.float64, device=probs.device
+        )
+    tokens = _inverse_cdf(probs, uniform)
     return tokens, _gather(logp, tokens)
 
 
-def _inverse_cdf(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """One token per row of probs (B, V), drawn with one uniform number per row: the first
+def draw_uniforms(
+    rows: int,
+    steps: int,
+    generator: torch.Generator | None = None,
+    *,
+    row_range: tuple[int, int] | None = None,
+    device: str | torch.device = "cpu",
+) -> torch.Tensor:
+    """The sampling draws of a whole batch: (rows, steps) float64 uniforms, row r's draw at
+    step t in [r, t]. `row_range` keeps rows [start, stop) of the table: a data-parallel rank
+    generating its shard of a batch samples exactly the tokens the whole batch would."""
+    table = torch.rand(rows, steps, generator=generator, dtype=torch.float64)
+    if row_range is not None:
+        table = table[row_range[0]:row_range[1]]
+    return table.to(device)
+
+
+def _inverse_cdf(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """One token per row of probs (B, V), drawn with one uniform number per row (B,): the first
     token whose cumulative probability exceeds it, so a token of probability 0 is not drawn.
     Sum and draw are float64, so even a 150k-token vocabulary's tail keeps its probabilities."""
     cdf = probs.double().cumsum(-1)  # (B, V)
-    uniform = torch.rand(
-        probs.shape[0], 1, generator=generator, dtype=torch.float64, device=probs.device
-    )
-    draw = uniform * cdf[:, -1:]
+    draw = uniform.to(cdf.dtype).view(-1, 1) * cdf[:, -1:]
     # A draw rounded up to the total mass would land past the end (odds about 1e-16).
     return torch.searchsorted(cdf, draw, right=True).squeeze(1).clamp_(max=probs.shape[1] - 1)
 
@@ -458,17 +480,18 @@ def _onednn_packing(weight: torch.Tensor) -> bool:
     return (
         weight.device.type == "cpu"
         and weight.dtype in (torch.float32, torch.bfloat16)
-        and _onednn_works()
+        and _onednn_works(weight.dtype)
     )
 
 
 @functools.cache
-def _onednn_works() -> bool:
-    """Whether this torch build has oneDNN's prepacked linear (a private op inductor uses)."""
+def _onednn_works(dtype: torch.dtype = torch.float32) -> bool:
+    """Whether this torch build and CPU run oneDNN's prepacked linear (a private op inductor
+    uses) in `dtype`: its bfloat16 path needs AVX512 (BW, VL, DQ) or AVX-NE-CONVERT."""
     if not torch.backends.mkldnn.is_available():
         return False
     try:
-        weight, x = torch.ones(4, 8), torch.ones(2, 8)
+        weight, x = torch.ones(4, 8, dtype=dtype), torch.ones(2, 8, dtype=dtype)
         out = torch.ops.mkldnn._linear_pointwise(x, _pack(weight), None, "none", [], "")
     except (AttributeError, RuntimeError):
         return False
@@ -712,12 +735,23 @@ class NativeRolloutEngine:
         prompts: Sequence[Sequence[int]],
         params: SamplingParams,
         generator: torch.Generator | None = None,
+        *,
+        uniforms: torch.Tensor | None = None,
     ) -> RolloutBatch:
-        """Sample `params.n` responses to each prompt (token ids, no padding)."""
+        """Sample `params.n` responses to each prompt (token ids, no padding).
+
+        The draws come from `uniforms` (rows = len(prompts) × n, max_new_tokens), see
+        `draw_uniforms`, or are drawn from `generator` as one such table."""
         ids, mask = left_pad(prompts, self.pad_token_id, self.device)
+        rows = ids.shape[0] * params.n
+        if params.do_sample and uniforms is None:
+            uniforms = draw_uniforms(rows, params.max_new_tokens, generator, device=self.device)
+        if uniforms is not None and tuple(uniforms.shape) != (rows, params.max_new_tokens):
+            raise ValueError(f"uniforms must be ({rows}, {params.max_new_tokens}) for "
+                             f"{ids.shape[0]} prompts x n={params.n}, got {tuple(uniforms.shape)}")
         with torch.inference_mode(), _eval_mode(self.model):
             decoder = self._decoder(ids.shape[1] + params.max_new_tokens)
-            tokens, logprobs, alive = self._loop(decoder, ids, mask, params, generator)
+            tokens, logprobs, alive = self._loop(decoder, ids, mask, params, uniforms)
             if isinstance(decoder, _HFDecoder):
                 decoder.close()
         # Outside inference mode: the batch feeds autograd-tracked training code.
@@ -742,7 +776,7 @@ class NativeRolloutEngine:
         ids: torch.Tensor,
         mask: torch.Tensor,
         params: SamplingParams,
-        generator: torch.Generator | None,
+        uniforms: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Decode; returns tokens, logprobs and the alive mask, each (B, steps taken).
 
@@ -757,7 +791,8 @@ class NativeRolloutEngine:
         positions = mask.sum(1).repeat_interleave(params.n)  # (B,) position of response token 0
         logits = decoder.prefill(ids, mask, params.n, limit)
         for step in range(limit):
-            token, logprob = sample_tokens(logits, params, generator)
+            uniform = uniforms[active, step] if uniforms is not None else None
+            token, logprob = sample_tokens(logits, params, uniform=uniform)
             out.record(step, active, token, logprob, done)
             done |= torch.isin(token, eos)
             if step + 1 == limit:
@@ -845,6 +880,7 @@ __all__ = [
     "apply_min_p",
     "apply_top_k",
     "apply_top_p",
+    "draw_uniforms",
     "fast_path_reason",
     "filter_logits",
     "sample_tokens",

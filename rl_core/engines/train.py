@@ -42,6 +42,13 @@ on every parameter (as verl), a learning rate `lr * lr_factor(step)` set before 
 (linear warmup, then constant, cosine or linear decay to 0 at `total_steps`), and the global
 gradient norm clipped to `grad_clip` (0: not clipped; the pre-clip norm is reported either way).
 A non-finite loss or gradient norm raises `NonFiniteError` before the optimizer steps.
+
+Data parallelism. With `dp_group` (a `torch.distributed` process group), each rank holds a full
+copy of the model and calls `train_step` on its own shard of the mini-batch. The shares above
+are then taken over the whole mini-batch (one all-reduce of the ranks' counts), gradients are
+summed over the ranks before clipping (one flattened all-reduce), and the metrics are summed
+with the same shares, so every rank takes the same step, equal up to floating-point rounding
+to one rank stepping on the whole mini-batch.
 """
 
 from __future__ import annotations
@@ -249,11 +256,15 @@ class TrainEngine:
         max_token_len: int | None = None,
         loss_agg_mode: str = "token-mean",
         trim_padding: bool = True,
+        dp_group: Any = None,
+        metric_prefix: str = METRIC_PREFIX,
     ) -> None:
         """`micro_batch_size` (rows), `max_token_len` (valid tokens per micro-batch: dynamic
         batch size, which then overrides every row count) and `loss_agg_mode` are defaults for
         `train_step` and `forward_logprobs`; without either size a call is one micro-batch.
-        `trim_padding=False` keeps all-padding columns (for comparisons)."""
+        `trim_padding=False` keeps all-padding columns (for comparisons). `dp_group`: the
+        data-parallel process group (see the module docstring); `metric_prefix` names the
+        engine's own metrics (`actor/`, or `critic/` for a value model)."""
         if param_dtype not in PARAM_DTYPES:
             raise ValueError(
                 f"param_dtype {param_dtype!r} is not supported; use float32 or bfloat16 "
@@ -271,6 +282,7 @@ class TrainEngine:
         self.lr_scheduler, self.grad_clip = lr_scheduler, grad_clip
         self.micro_batch_size, self.max_token_len = micro_batch_size, max_token_len
         self.loss_agg_mode, self.trim_padding = loss_agg_mode, trim_padding
+        self.dp_group, self.metric_prefix = dp_group, metric_prefix
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = _adamw(self.params, lr, betas, weight_decay, self.device)
         self.step = 0  # optimizer steps taken
@@ -283,6 +295,7 @@ class TrainEngine:
         total_steps: int,
         dtype: str,
         device: str | torch.device,
+        dp_group: Any = None,
     ) -> TrainEngine:
         """An engine configured by the spec's `actor` section; `dtype` is `model.dtype`."""
         return cls(
@@ -298,6 +311,7 @@ class TrainEngine:
             micro_batch_size=actor.ppo_micro_batch_size,
             max_token_len=actor.max_token_len_per_gpu if actor.use_dynamic_bsz else None,
             loss_agg_mode=actor.loss_agg_mode,
+            dp_group=dp_group,
         )
 
     # ----------------------------------------------------------------------- forward
@@ -418,6 +432,10 @@ class TrainEngine:
         extents = _Extents.of(batch["attention_mask"])
         slices = self._slices(response_mask.shape[0], extents, micro_batch_size, max_token_len)
         shares, metric_shares = _shares(response_mask, slices, mode)
+        if self.dp_group is not None:
+            loss_scale, metric_scale = self._rank_share(response_mask, mode)
+            shares = [share * loss_scale for share in shares]
+            metric_shares = [share * metric_scale for share in metric_shares]
         was_training = self.model.training
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
@@ -436,14 +454,53 @@ class TrainEngine:
                 for name, value in metrics.items():
                     value = torch.as_tensor(value, device=self.device).detach().float()
                     totals[name] = totals.get(name, 0) + value * metric_share
+            if self.dp_group is not None:
+                loss_sum, totals = self._all_reduce(loss_sum, totals)
             return self._apply(loss_sum, totals)
         finally:
             self.model.train(was_training)
 
+    def _rank_share(self, response_mask: torch.Tensor, mode: str) -> tuple[float, float]:
+        """This rank's part of the whole mini-batch's normaliser: (loss, metric) scales."""
+        import torch.distributed as dist
+
+        count = MICRO_SHARES[mode]
+        rows = float(response_mask.shape[0])
+        local = float(count(response_mask)) if count is not None else rows
+        sizes = torch.tensor([local, rows], dtype=torch.float64)
+        dist.all_reduce(sizes, group=self.dp_group)
+        total, total_rows = sizes.tolist()
+        by_rows = rows / total_rows if total_rows else 0.0
+        if count is None:  # `sum`: the ranks' losses add up; metrics are averaged by rows
+            return 1.0, by_rows
+        if total == 0:
+            return by_rows, by_rows
+        return local / total, local / total
+
+    def _all_reduce(
+        self, loss: torch.Tensor, totals: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Sum gradients, loss and metrics over the data-parallel ranks (two collectives)."""
+        import torch.distributed as dist
+
+        for param in self.params:
+            if param.grad is None:  # a parameter no rank's loss reached still takes part
+                param.grad = torch.zeros_like(param)
+        grads = [p.grad for p in self.params]
+        flat = torch._utils._flatten_dense_tensors(grads)
+        dist.all_reduce(flat, group=self.dp_group)
+        for grad, summed in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
+            grad.copy_(summed)
+        names = list(totals)
+        values = torch.stack([loss.float(), *(totals[n].float() for n in names)])
+        dist.all_reduce(values, group=self.dp_group)
+        return values[0], dict(zip(names, values[1:]))
+
     def _apply(self, loss: torch.Tensor, totals: dict[str, torch.Tensor]) -> dict[str, float]:
         """Clip, check, step: the end of `train_step`."""
         grad_norm = self._clip_grad_norm()
-        names = [*totals, f"{METRIC_PREFIX}loss", f"{METRIC_PREFIX}grad_norm"]
+        prefix = self.metric_prefix
+        names = [*totals, f"{prefix}loss", f"{prefix}grad_norm"]
         values = torch.stack([*totals.values(), loss, grad_norm.float()]).tolist()  # one sync
         metrics = dict(zip(names, values))
         for what, name in (("loss", names[-2]), ("gradient norm", names[-1])):
@@ -461,7 +518,7 @@ class TrainEngine:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
-        metrics[f"{METRIC_PREFIX}lr"] = lr
+        metrics[f"{prefix}lr"] = lr
         return metrics
 
     def _clip_grad_norm(self) -> torch.Tensor:

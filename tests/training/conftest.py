@@ -13,6 +13,7 @@ from contextlib import closing
 from pathlib import Path
 
 import pytest
+from learning import LEARNING_DATA
 
 
 def _free_port() -> int:
@@ -67,3 +68,22 @@ def tiny_cache(tmp_path_factory):
         os.environ.pop("ASCENT_CACHE_DIR", None)
     else:
         os.environ["ASCENT_CACHE_DIR"] = previous
+
+
+@pytest.fixture(scope="session")
+def sft_base(tmp_path_factory, tiny_cache) -> Path:
+    """A tiny model fine-tuned to be right only part of the time: the base the RL algorithms
+    must improve (made once per session)."""
+    from rl_core.sft import SFTTrainer
+    from rl_core.spec import resolve_spec
+
+    out = tmp_path_factory.mktemp("sft")
+    SFTTrainer(resolve_spec({
+        "algorithm": "grpo", "seed": 1, "model": {"path": "tiny:small"},
+        "data": {**LEARNING_DATA, "train_batch_size": 32},
+        "rollout": {"n_samples_per_prompt": 2, "max_new_tokens": 4},
+        "actor": {"lr": 2e-3, "warmup_steps": 10, "ppo_mini_batch_size": 32, "ppo_micro_batch_size": 32},
+        "reward": {"functions": [{"name": "exact_match"}]},
+        "trainer": {"total_steps": 120, "output_dir": str(out), "logger": []},
+    })).fit()
+    return out / "checkpoints" / "step_120"

@@ -65,7 +65,7 @@ def test_resume_is_exact_across_an_epoch_boundary(tmp_path, tiny_cache):
         interrupted.step += 1
         interrupted.tracker.log_metrics(metrics, interrupted.step)
     interrupted.save()
-    interrupted.rewards.close()
+    interrupted.close()
     del interrupted  # the process "dies" here; a new trainer resumes from step 3
 
     resumed = RLTrainer(resolve_spec(tiny_spec(tmp_path / "resumed")))
@@ -86,7 +86,7 @@ def test_a_partial_checkpoint_is_ignored(tmp_path, tiny_cache):
     (tmp_path / "checkpoints" / ".tmp-step_9").mkdir(parents=True)
     trainer = RLTrainer(spec)
     assert trainer.step == 0 and not (tmp_path / "checkpoints" / ".tmp-step_9").exists()
-    trainer.rewards.close()
+    trainer.close()
 
 
 def test_it_tracks_to_a_real_mlflow_server(tmp_path, tiny_cache, mlflow_server, monkeypatch):
@@ -157,16 +157,23 @@ def test_a_non_finite_loss_stops_the_run_with_its_step_and_writes_nothing(tmp_pa
     from rl_core.errors import TrainingStopped
 
     trainer = RLTrainer(resolve_spec(tiny_spec(tmp_path, trainer={"total_steps": 3})))
-    make_loss = trainer._loss_fn
-
-    def poisoned():
-        inner = make_loss()
-        return lambda mb, logprobs, entropy: (inner(mb, logprobs, entropy)[0] * float("nan"), {})
-
-    trainer._loss_fn = poisoned
+    actor = trainer.roles.actor.workers[0]
+    inner = actor.loss_fn
+    actor.loss_fn = lambda mb, logprobs, entropy: (inner(mb, logprobs, entropy)[0] * float("nan"), {})
     before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     with pytest.raises(TrainingStopped, match="stopped at step 1: non-finite loss") as info:
         trainer.fit()
     assert info.value.step == 1 and "actor/loss" in info.value.metrics
     assert all(torch.equal(v, before[k]) for k, v in trainer.model.state_dict().items())
     assert list_checkpoints(tmp_path) == []
+
+
+@pytest.mark.parametrize(("section", "message"), [
+    ({"model": {"path": "tiny:nano", "dtype": "float16"}}, "model.dtype: float16 cannot train on cpu"),
+    ({"resources": {"device_type": "gpu"}}, "resources.device_type=gpu asks for 1 GPU"),
+])
+def test_a_dtype_or_device_this_host_cannot_train_on_is_refused_before_loading(tmp_path, section, message):
+    spec = resolve_spec(tiny_spec(tmp_path / "missing-output", **section))
+    with pytest.raises(InputError, match=message):
+        RLTrainer(spec)
+    assert not (tmp_path / "missing-output").exists()

@@ -1,0 +1,224 @@
+"""Starting the roles: in this process, or as Ray actors placed on the spec's devices.
+
+    roles = local_roles(spec, ...)      # one process: the same workers, called directly
+    roles = ray_roles(spec, ...)        # joins RAY_ADDRESS or starts a local Ray
+    ...
+    roles.shutdown()                    # always: kills the actors, stops a Ray it started
+
+Placement: one placement group with a bundle per device (`resources.devices_per_node` ×
+`resources.num_nodes`), each bundle one device of the spec's kind plus
+`resources.cpus_per_device` CPUs. Rank r of every device role (actor, reference, critic) sits on
+bundle r and takes an equal share of it: the roles are colocated on the same devices, as
+MindSpeed RL colocates them, and a role's ranks form its data-parallel group. Reward workers use
+no reserved resources (they score text on the CPU between the device stages).
+
+Before any role starts, the Ray cluster's resources are compared with what the spec asks for;
+too few devices is an `InputError` listing both.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from rl_core import device as devices
+from rl_core.errors import InputError
+from rl_core.roles.group import LocalGroup, RayGroup
+from rl_core.roles.workers import (
+    ActorWorker,
+    CriticWorker,
+    ReferenceWorker,
+    RewardWorker,
+)
+from rl_core.spec import RunSpec
+
+log = logging.getLogger("rl_core")
+
+PLACEMENT_TIMEOUT_S = float(os.environ.get("RL_CORE_PLACEMENT_TIMEOUT_S", "60"))
+ROLE_START_TIMEOUT_S = float(os.environ.get("RL_CORE_ROLE_START_TIMEOUT_S", "600"))
+
+
+@dataclass
+class Roles:
+    """The groups of one run and the data channel between their stages."""
+
+    actor: Any
+    reward: Any
+    channel: Any
+    reference: Any = None
+    critic: Any = None
+    on_shutdown: list[Any] = field(default_factory=list)
+
+    @property
+    def groups(self) -> list[Any]:
+        return [g for g in (self.actor, self.reference, self.critic, self.reward) if g is not None]
+
+    @property
+    def local(self) -> bool:
+        return isinstance(self.actor, LocalGroup)
+
+    def shutdown(self) -> None:
+        for group in self.groups:
+            try:
+                group.shutdown()
+            except Exception:  # noqa: BLE001 - shut the others down regardless
+                log.exception("shutting down role %s", group.name)
+        for action in self.on_shutdown:
+            action()
+
+
+def local_roles(spec: RunSpec, *, model_path: str, total_steps: int, reference: bool,
+                reference_from_policy: bool, critic_path: str | None = None,
+                device: str | None = None) -> Roles:
+    """Every role in this process (one rank each)."""
+    from rl_core.data.channel import DataChannel
+
+    actor = ActorWorker(spec, model_path=model_path, total_steps=total_steps, device=device)
+    ref = None
+    if reference:
+        import copy
+
+        model = copy.deepcopy(actor.model) if reference_from_policy else None
+        ref = LocalGroup("reference", [ReferenceWorker(spec, device=device, model=model)])
+    critic = None
+    if spec.critic.enable:
+        critic = LocalGroup("critic", [CriticWorker(spec, total_steps=total_steps,
+                                                    model_path=critic_path, device=device)])
+    reward = LocalGroup("reward", [RewardWorker(spec, tokenizer=actor.tokenizer)])
+    return Roles(actor=LocalGroup("actor", [actor]), reward=reward,
+                 channel=DataChannel(ordered=True), reference=ref, critic=critic)
+
+
+# --------------------------------------------------------------------------- Ray
+
+
+def connect() -> bool:
+    """Join the Ray cluster of `RAY_ADDRESS` (set inside a Ray job) or start a local one;
+    True when this call started it (so the caller stops it)."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    address = os.environ.get("RAY_ADDRESS")
+    options: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.WARNING,
+                               "log_to_driver": True}
+    if address:
+        ray.init(address=address, **options)
+        log.info("joined the Ray cluster at %s", address)
+        return False
+    ray.init(**options)
+    log.info("started a local Ray instance")
+    return True
+
+
+def check_resources(spec: RunSpec, have: dict[str, float]) -> None:
+    """Raise an InputError when the cluster has fewer devices or CPUs than the spec asks for."""
+    res = spec.resources
+    kind = devices.get_kind(res.device_type)
+    asked = devices.ray_resources(kind, spec.world_size, res.cpus_per_device)
+    short = {k: v for k, v in asked.items() if have.get(k, 0) < v}
+    if short:
+        shown = ", ".join(f"{k} {have.get(k, 0):g}" for k in sorted({*asked, "CPU", "GPU", "NPU"}))
+        wanted = ", ".join(f"{k} {v:g}" for k, v in asked.items())
+        raise InputError(
+            f"resources: the run asks for {wanted} ({res.num_nodes} node(s) x "
+            f"{res.devices_per_node} {res.device_type} device(s), {res.cpus_per_device} CPU(s) "
+            f"per device) but the Ray cluster has {shown}: lower resources.devices_per_node or "
+            "resources.cpus_per_device, or add nodes")
+
+
+def ray_roles(spec: RunSpec, *, model_path: str, total_steps: int, reference: bool,
+              critic_path: str | None = None) -> Roles:
+    """Start every role as Ray actors on one placement group; see the module docstring."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    from rl_core.data.channel import remote_channel
+
+    started = connect()
+    cleanup: list[Any] = []
+    if started:
+        cleanup.append(ray.shutdown)
+    try:
+        check_resources(spec, ray.cluster_resources())
+        res, kind = spec.resources, devices.get_kind(spec.resources.device_type)
+        bundle = devices.ray_resources(kind, 1, res.cpus_per_device)
+        strategy = "STRICT_PACK" if res.num_nodes == 1 else "PACK"
+        group = placement_group([dict(bundle)] * spec.world_size, strategy=strategy)
+        cleanup.insert(0, lambda: remove_placement_group(group))
+        if not group.wait(PLACEMENT_TIMEOUT_S):
+            raise InputError(
+                f"resources: {spec.world_size} bundles of {bundle} ({strategy}) could not be "
+                f"placed within {PLACEMENT_TIMEOUT_S:.0f} s; free: {ray.available_resources()}")
+        colocated = 1 + int(reference) + int(spec.critic.enable)
+        threads = max(1, res.cpus_per_device // colocated)
+
+        def options(role: str) -> list[dict[str, Any]]:
+            out = []
+            for rank in range(spec.world_size):
+                share = {k: v / colocated for k, v in bundle.items()}
+                opts: dict[str, Any] = {
+                    "num_cpus": share.pop("CPU"),
+                    "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                        placement_group=group, placement_group_bundle_index=rank),
+                    "runtime_env": {"env_vars": _rank_env(threads)},
+                    "name": None,
+                }
+                if "GPU" in share:
+                    opts["num_gpus"] = share.pop("GPU")
+                if share:
+                    opts["resources"] = share
+                out.append(opts)
+            return out
+
+        backend = kind.backend
+        common = {"size": spec.world_size, "backend": backend, "timeout_s": ROLE_START_TIMEOUT_S}
+        actor = RayGroup.start("actor", ActorWorker, spec, model_path=model_path,
+                               total_steps=total_steps, options=options("actor"), **common)
+        cleanup.insert(0, actor.shutdown)
+        ref = None
+        if reference:
+            ref = RayGroup.start("reference", ReferenceWorker, spec,
+                                 options=options("reference"), **{**common, "size": spec.world_size})
+            cleanup.insert(0, ref.shutdown)
+        critic = None
+        if spec.critic.enable:
+            critic = RayGroup.start("critic", CriticWorker, spec, total_steps=total_steps,
+                                    model_path=critic_path, options=options("critic"), **common)
+            cleanup.insert(0, critic.shutdown)
+        reward_ranks = spec.data_parallel_size
+        pool = max(1, (os.cpu_count() or 1) // reward_ranks)
+        reward = RayGroup.start(
+            "reward", RewardWorker, spec, num_workers=pool, size=reward_ranks, backend=backend,
+            options=[{"num_cpus": 0, "runtime_env": {"env_vars": _rank_env(1)}}] * reward_ranks,
+            timeout_s=ROLE_START_TIMEOUT_S)
+        cleanup.insert(0, reward.shutdown)
+        channel = remote_channel(ordered=True)
+        cleanup.insert(0, lambda: ray.kill(channel))
+    except BaseException:
+        for action in cleanup:
+            _quietly(action)
+        raise
+    roles = Roles(actor=actor, reward=reward, channel=channel, reference=ref, critic=critic)
+    # the groups are shut down by Roles.shutdown; then the channel, placement group and Ray
+    roles.on_shutdown = [lambda: _quietly(lambda: ray.kill(channel)),
+                         lambda: _quietly(lambda: remove_placement_group(group))]
+    if started:
+        roles.on_shutdown.append(ray.shutdown)
+    return roles
+
+
+def _rank_env(threads: int) -> dict[str, str]:
+    """Threads per rank: the CPUs of its share, so colocated ranks do not oversubscribe."""
+    return {"OMP_NUM_THREADS": str(threads), "RL_CORE_THREADS": str(threads),
+            "TOKENIZERS_PARALLELISM": "false"}
+
+
+def _quietly(action) -> None:
+    try:
+        action()
+    except Exception:  # noqa: BLE001 - cleanup after a failure must not mask it
+        log.debug("cleanup step failed", exc_info=True)

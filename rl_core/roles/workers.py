@@ -1,0 +1,427 @@
+"""The roles: each owns its device state and exposes a few coarse methods to the controller.
+
+- `ActorWorker`: the policy's training engine and the native rollout engine over the same
+  weights in the same process, so training and inference are colocated by construction; the
+  rollout's KV cache is freed before every update. Ranks > 1 train data-parallel.
+- `ReferenceWorker`: the frozen initial policy; log-probs of the responses. With
+  `reference.offload` its weights wait in host memory between uses.
+- `CriticWorker`: the value model of PPO (the policy's weights under a one-output head).
+- `RewardWorker`: rule rewards scored in the worker's process pool (CPU only).
+
+Stages that work row by row (`reward`, `ref_logprob`, `old_logprob`, `values`) are pulled from
+the data channel by `Worker.drain`; the update takes its shard from the controller, so
+data-parallel ranks always see the same rows for the same seed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import random
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from rl_core import algos
+from rl_core.checkpoint import rng_state, set_rng_state
+from rl_core.engines.rollout import (
+    NativeRolloutEngine,
+    RolloutBatch,
+    SamplingParams,
+    draw_uniforms,
+)
+from rl_core.engines.train import NonFiniteError, TrainEngine, token_logprobs
+from rl_core.errors import TrainingStopped
+from rl_core.models.loading import load_model_and_tokenizer
+from rl_core.roles.group import Worker
+from rl_core.spec import RunSpec
+
+SEQUENCE_COLUMNS = ("input_ids", "attention_mask", "position_ids", "response_mask")
+
+
+def seed_everything(seed: int, deterministic: bool) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+    if deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+def eos_ids(tokenizer, model) -> list[int]:
+    ids = {tokenizer.eos_token_id}
+    configured = getattr(model.generation_config, "eos_token_id", None)
+    ids.update(configured if isinstance(configured, list) else [configured])
+    return sorted(i for i in ids if i is not None)
+
+
+def role_device(spec: RunSpec, device: str | None) -> torch.device:
+    """The device this rank computes on: `device`, or the spec's kind at local index 0 (Ray
+    makes a rank's assigned accelerator the only visible one)."""
+    if device is not None:
+        return torch.device(device)
+    from rl_core import device as devices
+
+    return devices.torch_device(devices.get_kind(spec.resources.device_type), 0)
+
+
+def temperature_of(params: SamplingParams) -> float:
+    return params.temperature if params.do_sample else 1.0
+
+
+def load_policy(spec: RunSpec, path: str, device: torch.device):
+    return load_model_and_tokenizer(
+        path, dtype=spec.model.dtype, tokenizer_path=spec.model.tokenizer_path,
+        trust_remote_code=spec.model.trust_remote_code, device=device,
+        gradient_checkpointing=spec.model.gradient_checkpointing)
+
+
+@torch.no_grad()
+def sequence_logprobs(model, columns: Mapping[str, torch.Tensor], temperature: float,
+                      micro_batch_size: int | None = None) -> torch.Tensor:
+    """Log-probs (B, R) of each row's response tokens under a frozen model."""
+    from rl_core.engines.train import split_rows
+
+    input_ids, response_len = columns["input_ids"], columns["response_mask"].shape[1]
+    device = next(model.parameters()).device
+    outs = []
+    for rows in split_rows(len(input_ids), micro_batch_size or len(input_ids)):
+        out = model(input_ids=input_ids[rows].to(device),
+                    attention_mask=columns["attention_mask"][rows].to(device),
+                    position_ids=columns["position_ids"][rows].to(device),
+                    use_cache=False, logits_to_keep=response_len + 1)
+        labels = input_ids[rows, -response_len:].to(device)
+        outs.append(token_logprobs(out.logits[:, :-1], labels, temperature)[0].cpu())
+    return torch.cat(outs)
+
+
+def decode_responses(tokenizer, response_ids: torch.Tensor, lengths: torch.Tensor) -> list[str]:
+    rows = [response_ids[i, :n].tolist() for i, n in enumerate(lengths.tolist())]
+    return tokenizer.batch_decode(rows, skip_special_tokens=True)
+
+
+# --------------------------------------------------------------------------- actor + rollout
+
+
+class ActorWorker(Worker):
+    """The policy: training engine and rollout engine over one set of weights."""
+
+    role = "actor"
+
+    def __init__(self, spec: RunSpec, *, model_path: str, total_steps: int, rank: int = 0,
+                 world_size: int = 1, device: str | None = None, model=None, tokenizer=None):
+        super().__init__(rank, world_size)
+        self.spec = spec
+        self.device = role_device(spec, device)
+        seed_everything(spec.seed, spec.trainer.deterministic)
+        if model is None:
+            model, tokenizer = load_policy(spec, model_path, self.device)
+        self.model, self.tokenizer = model, tokenizer
+        self.sampling = SamplingParams.from_config(spec.rollout)
+        self.rollout = NativeRolloutEngine(self.model, eos_token_ids=eos_ids(tokenizer, model),
+                                           pad_token_id=tokenizer.pad_token_id, device=self.device)
+        self.engine = TrainEngine.from_spec(self.model, spec.actor, total_steps, spec.model.dtype,
+                                            self.device)
+        self.loss_fn = policy_loss_fn(spec, self.sampling)
+
+    def init_distributed(self, host: str, port: int, backend: str) -> None:
+        super().init_distributed(host, port, backend)
+        self.engine.dp_group = self.dp_group
+
+    # ----------------------------------------------------------------------- rollout
+
+    def generate(self, prompt_ids: list[list[int]], params: SamplingParams, seed: int = 0,
+                 row_range: tuple[int, int] | None = None, total_rows: int | None = None
+                 ) -> RolloutBatch | None:
+        """Sample the prompts; the draws are rows `row_range` of the whole batch's table
+        (`total_rows` rows, seeded by `seed`), so the shards of a batch equal the batch."""
+        if not prompt_ids:  # a rank left without prompts (a batch smaller than the ranks)
+            return None
+        uniforms = None
+        if params.do_sample:
+            rows = total_rows if total_rows is not None else len(prompt_ids) * params.n
+            generator = torch.Generator().manual_seed(seed)
+            uniforms = draw_uniforms(rows, params.max_new_tokens, generator, row_range=row_range,
+                                     device=self.device)
+        batch = self.rollout.generate(prompt_ids, params, uniforms=uniforms)
+        return _to_cpu(batch)
+
+    def free_cache(self) -> None:
+        self.rollout.free_cache()
+
+    # ----------------------------------------------------------------------- log-probs, update
+
+    def compute(self, stage: str, chunk: Any) -> dict[str, Any]:
+        if stage != "old_logprob":
+            return super().compute(stage, chunk)
+        cols = chunk.columns
+        logprobs, _ = self.engine.forward_logprobs(
+            cols["input_ids"], cols["attention_mask"], cols["position_ids"],
+            cols["response_mask"].shape[1], temperature=temperature_of(self.sampling),
+            micro_batch_size=self.spec.rollout.log_prob_micro_batch_size)
+        return {"old_logprobs": logprobs.cpu()}
+
+    def update(self, minis: list[dict[str, torch.Tensor]], step: int) -> list[dict[str, float]]:
+        """One optimizer step per mini-batch shard (this rank's rows of each mini-batch)."""
+        self.rollout.free_cache()
+        out = []
+        for mini in minis:
+            try:
+                out.append(self.engine.train_step(
+                    mini, self.loss_fn, micro_batch_size=self.spec.actor.ppo_micro_batch_size,
+                    loss_agg_mode=self.spec.actor.loss_agg_mode,
+                    temperature=temperature_of(self.sampling), with_entropy=True))
+            except NonFiniteError as exc:
+                raise TrainingStopped(step, str(exc), exc.metrics) from exc
+        return out
+
+    def train_step(self, batch: dict[str, Any], loss_fn: Callable,
+                   options: Mapping[str, Any] | None = None, step: int = 0) -> dict[str, float]:
+        """A step with another loss (DPO): the engine's `train_step` on this rank's rows."""
+        self.rollout.free_cache()
+        try:
+            return self.engine.train_step(batch, loss_fn, **dict(options or {}))
+        except NonFiniteError as exc:
+            raise TrainingStopped(step, str(exc), exc.metrics) from exc
+
+    # ----------------------------------------------------------------------- checkpoints
+
+    def save_model(self, path: str) -> None:
+        if self.rank == 0:
+            self.model.save_pretrained(path, safe_serialization=True)
+            self.tokenizer.save_pretrained(path)
+
+    def state(self) -> dict[str, Any]:
+        return {"engine": copy.deepcopy(self.engine.state_dict()), "rng": rng_state()}
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        self.engine.load_state_dict(state["engine"])
+        set_rng_state(state["rng"])
+
+
+def policy_loss_fn(spec: RunSpec, sampling: SamplingParams) -> Callable:
+    """The PPO-clip (or GSPO) objective with the entropy bonus and the KL loss of the spec."""
+    actor, name = spec.actor, spec.actor.policy_loss
+    policy_loss = algos.get_policy_loss(name)
+    clip = {"clip_ratio_low": actor.clip_ratio_low, "clip_ratio_high": actor.clip_ratio_high}
+    if name == "vanilla":
+        clip["clip_ratio_c"] = actor.clip_ratio_c
+    mode = actor.loss_agg_mode
+    norm_len = sampling.max_new_tokens
+
+    def loss_fn(mb: dict[str, torch.Tensor], logprobs: torch.Tensor, entropy: torch.Tensor | None):
+        mask = mb["response_mask"]
+        old = mb["old_logprobs"] if "old_logprobs" in mb else logprobs.detach()
+        pg_loss, m = policy_loss(old, logprobs, mb["advantages"], mask, loss_agg_mode=mode,
+                                 norm_len=norm_len, **clip)
+        loss = pg_loss
+        metrics = {"actor/pg_loss": pg_loss.detach(), "actor/pg_clipfrac": m["pg_clipfrac"],
+                   "actor/ppo_kl": m["ppo_kl"]}
+        if entropy is not None:
+            ent = algos.agg_loss(entropy, mask, mode, norm_len=norm_len)
+            loss = loss - actor.entropy_coeff * ent
+            metrics["actor/entropy"] = ent.detach()
+        if actor.use_kl_loss and "ref_logprobs" in mb:
+            kl = algos.kl_loss(logprobs, mb["ref_logprobs"], mask, actor.kl_loss_type,
+                               loss_agg_mode=mode)
+            loss = loss + actor.kl_loss_coef * kl
+            metrics["actor/kl_loss"] = kl.detach()
+        return loss, metrics
+
+    return loss_fn
+
+
+def _to_cpu(batch: RolloutBatch) -> RolloutBatch:
+    return RolloutBatch(**{k: v.cpu() for k, v in vars(batch).items()})
+
+
+# --------------------------------------------------------------------------- reference
+
+
+class ReferenceWorker(Worker):
+    """The frozen initial policy."""
+
+    role = "reference"
+
+    def __init__(self, spec: RunSpec, *, rank: int = 0, world_size: int = 1,
+                 device: str | None = None, model=None):
+        super().__init__(rank, world_size)
+        self.spec = spec
+        self.device = role_device(spec, device)
+        self.offload = spec.reference.offload and self.device.type != "cpu"
+        home = torch.device("cpu") if self.offload else self.device
+        if model is None:
+            model, _ = load_policy(spec, spec.model.path, home)
+        self.model = model.to(home).eval().requires_grad_(False)
+        self.temperature = temperature_of(SamplingParams.from_config(spec.rollout))
+
+    @contextlib.contextmanager
+    def _on_device(self) -> Iterator[None]:
+        if not self.offload:
+            yield
+            return
+        from rl_core import device as devices
+
+        self.model.to(self.device)
+        try:
+            yield
+        finally:
+            self.model.to("cpu")
+            devices.empty_cache(self.device)
+
+    def compute(self, stage: str, chunk: Any) -> dict[str, Any]:
+        if stage != "ref_logprob":
+            return super().compute(stage, chunk)
+        with self._on_device():
+            return {"ref_logprobs": sequence_logprobs(
+                self.model, chunk.columns, self.temperature,
+                self.spec.reference.log_prob_micro_batch_size)}
+
+
+# --------------------------------------------------------------------------- reward
+
+
+class RewardWorker(Worker):
+    """Rule rewards of decoded responses; CPU only, its functions in a process pool."""
+
+    role = "reward"
+
+    def __init__(self, spec: RunSpec, *, rank: int = 0, world_size: int = 1, tokenizer=None,
+                 num_workers: int | None = None):
+        super().__init__(rank, world_size)
+        from rl_core.rewards import RewardComposer
+
+        if tokenizer is None:
+            from rl_core.models.loading import load_tokenizer
+
+            tokenizer = load_tokenizer(spec.model.tokenizer_path or spec.model.path,
+                                       trust_remote_code=spec.model.trust_remote_code)
+        self.tokenizer = tokenizer
+        self.composer = RewardComposer.from_config(spec.reward, num_workers=num_workers)
+
+    def score_names(self) -> list[str]:
+        return self.composer.names
+
+    def compute(self, stage: str, chunk: Any) -> dict[str, Any]:
+        if stage != "reward":
+            return super().compute(stage, chunk)
+        cols = chunk.columns
+        texts = decode_responses(self.tokenizer, cols["response_ids"], cols["response_lengths"])
+        scored = self.composer.score_batch(texts, cols["truth"])
+        out = {"score": torch.tensor(scored.total, dtype=torch.float32)}
+        for name, values in scored.per_function.items():
+            out[f"reward_fn/{name}"] = torch.tensor(values, dtype=torch.float32)
+        return out
+
+    def score_texts(self, texts: list[str], truths: list[Any]):
+        return self.composer.score_batch(texts, truths)
+
+    def counters(self) -> dict[str, int]:
+        return {"timeouts": self.composer.timeouts, "errors": self.composer.errors}
+
+    def shutdown(self) -> None:
+        self.composer.close()
+        super().shutdown()
+
+
+# --------------------------------------------------------------------------- critic
+
+
+class ValueEngine(TrainEngine):
+    """A `TrainEngine` over a value model: `_forward` returns the value of the state before
+    each response token (B, R) where the policy engine returns log-probs."""
+
+    def _forward(self, input_ids, attention_mask, position_ids, response_len, temperature,
+                 with_entropy, extents, rows):
+        width = input_ids.shape[1]
+        left, right = extents.window(rows, width, response_len) if self.trim_padding else (0, 0)
+        cols = slice(left, width - right)
+        keep = response_len - right
+        out = self.model(input_ids=input_ids[:, cols].to(self.device),
+                         attention_mask=attention_mask[:, cols].to(self.device),
+                         position_ids=position_ids[:, cols].to(self.device), use_cache=False)
+        values = out.logits[:, -keep - 1:-1, 0].float()  # the state before each response token
+        if right:
+            values = torch.nn.functional.pad(values, (0, right))
+        return values, None
+
+
+class CriticWorker(Worker):
+    """PPO's value model: the policy's (or `critic.model_path`'s) weights with a scalar head."""
+
+    role = "critic"
+
+    def __init__(self, spec: RunSpec, *, total_steps: int, model_path: str | None = None,
+                 rank: int = 0, world_size: int = 1, device: str | None = None):
+        super().__init__(rank, world_size)
+        from transformers import AutoModelForTokenClassification
+
+        self.spec = spec
+        self.device = role_device(spec, device)
+        seed_everything(spec.seed, spec.trainer.deterministic)
+        from transformers.utils import logging as hf_logging
+
+        from rl_core.models.loading import resolve_model_path
+
+        path = resolve_model_path(model_path or spec.critic.model_path or spec.model.path)
+        verbosity = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()  # the new value head is expected, not worth a warning
+        try:
+            model = AutoModelForTokenClassification.from_pretrained(
+                path, num_labels=1, trust_remote_code=spec.model.trust_remote_code,
+                dtype=torch.float32)
+        finally:
+            hf_logging.set_verbosity(verbosity)
+        critic = spec.critic
+        self.engine = ValueEngine(
+            model, lr=critic.lr, weight_decay=spec.actor.weight_decay,
+            warmup_steps=critic.warmup_steps, lr_scheduler="constant", total_steps=total_steps,
+            grad_clip=spec.actor.grad_clip, param_dtype=spec.model.dtype, device=self.device,
+            micro_batch_size=critic.ppo_micro_batch_size, loss_agg_mode="token-mean",
+            metric_prefix="critic/")
+        self.model = self.engine.model
+
+    def init_distributed(self, host: str, port: int, backend: str) -> None:
+        super().init_distributed(host, port, backend)
+        self.engine.dp_group = self.dp_group
+
+    def compute(self, stage: str, chunk: Any) -> dict[str, Any]:
+        if stage != "values":
+            return super().compute(stage, chunk)
+        cols = chunk.columns
+        values, _ = self.engine.forward_logprobs(
+            cols["input_ids"], cols["attention_mask"], cols["position_ids"],
+            cols["response_mask"].shape[1],
+            micro_batch_size=self.spec.critic.ppo_micro_batch_size)
+        return {"values": values.cpu() * cols["response_mask"]}
+
+    def update(self, minis: list[dict[str, torch.Tensor]], step: int) -> list[dict[str, float]]:
+        cliprange = self.spec.critic.cliprange_value
+
+        def loss_fn(mb, values, _entropy):
+            mask = mb["response_mask"]
+            loss, m = algos.value_loss(values, mb["values"], mb["returns"], mask, cliprange)
+            return loss, {"critic/vf_loss": loss.detach(), "critic/vf_clipfrac": m["vf_clipfrac"],
+                          "critic/vpred_mean": algos.masked_mean(values.detach(), mask)}
+
+        out = []
+        for mini in minis:
+            try:
+                out.append(self.engine.train_step(mini, loss_fn))
+            except NonFiniteError as exc:
+                raise TrainingStopped(step, f"critic: {exc}", exc.metrics) from exc
+        return out
+
+    def save_model(self, path: str) -> None:
+        if self.rank == 0:
+            self.model.save_pretrained(path, safe_serialization=True)
+
+    def state(self) -> dict[str, Any]:
+        return {"engine": copy.deepcopy(self.engine.state_dict())}
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        self.engine.load_state_dict(state["engine"])
+
+
+def greedy(params: SamplingParams) -> SamplingParams:
+    return replace(params, do_sample=False, n=1)

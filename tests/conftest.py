@@ -1,0 +1,21 @@
+"""Fixtures shared by every test folder."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def local_ray():
+    """One local Ray instance for the session: tests start and stop roles on it; trainers join
+    it (rl_core.roles.cluster.connect) instead of starting their own."""
+    ray = pytest.importorskip("ray")
+    # Workers import what the tests define (roles in test modules) from the test folders.
+    path = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": path}})
+    yield ray
+    ray.shutdown()

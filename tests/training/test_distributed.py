@@ -1,0 +1,180 @@
+"""rl_core on a real local Ray: two data-parallel ranks equal one, every algorithm learns on two
+ranks, DPO raises its preference accuracy, and a dead or failing role ends the run at once."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from learning import learning_spec, validation_gain
+from safetensors.torch import load_file
+from test_trainer import read_metrics, tiny_spec
+
+from rl_core.dpo import DPOTrainer
+from rl_core.errors import InputError
+from rl_core.roles import RayGroup, RoleFailed, Worker
+from rl_core.roles.cluster import check_resources
+from rl_core.spec import resolve_spec
+from rl_core.trainer import RLTrainer, stable_metrics
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def overlong_dapo(output_dir: Path, devices: int, steps: int = 3) -> dict:
+    """DAPO without dynamic sampling on a random model: the overlong penalty makes the rewards
+    of a group differ, so every step has real gradients (exact match is 0 for this model)."""
+    return tiny_spec(output_dir, algorithm="dapo", reference={"enable": False},
+                     actor={"use_kl_loss": False},
+                     advantage={"overlong_buffer": {"enable": True, "len": 2, "penalty_factor": 1.0},
+                                "dynamic_sampling": {"enable": False}},
+                     resources={"devices_per_node": devices}, trainer={"total_steps": steps})
+
+
+def final_weights(output_dir: Path, step: int) -> dict[str, torch.Tensor]:
+    return load_file(output_dir / "checkpoints" / f"step_{step}" / "model.safetensors")
+
+
+def test_two_ranks_on_ray_equal_one_rank_in_process(tmp_path, tiny_cache, local_ray):
+    RLTrainer(resolve_spec(overlong_dapo(tmp_path / "one", 1))).fit()
+    RLTrainer(resolve_spec(overlong_dapo(tmp_path / "two", 2)), backend="ray").fit()
+
+    one, two = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")
+    assert [m["step"] for m in one] == [m["step"] for m in two] == [1, 2, 3]
+    assert any(m["actor/grad_norm"] > 0 for m in one), "the comparison needs real updates"
+    for left, right in zip(one, two):
+        right = {k: v for k, v in stable_metrics(right).items() if not k.startswith("channel/")}
+        left = {k: v for k, v in stable_metrics(left).items() if not k.startswith("channel/")}
+        assert left == pytest.approx(right, rel=1e-4, abs=1e-6), left["step"]
+    a, b = final_weights(tmp_path / "one", 3), final_weights(tmp_path / "two", 3)
+    for name, value in a.items():
+        assert torch.allclose(value, b[name], atol=1e-5), name
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo", "dpo"])
+def test_each_algorithm_learns_on_two_ray_ranks(algorithm, tmp_path, sft_base, local_ray):
+    sections = {"resources": {"devices_per_node": 2}}
+    if algorithm == "ppo":  # GAE over one response per... four responses, a learned critic
+        sections.update(rollout={"n_samples_per_prompt": 4},
+                        actor={"ppo_mini_batch_size": 8, "ppo_epochs": 2, "ppo_micro_batch_size": 16},
+                        critic={"enable": True, "lr": 1e-3, "ppo_micro_batch_size": 16})
+    if algorithm == "dpo":  # pairs from the policy's own answers: chosen right, rejected wrong
+        sections.update(actor={"lr": 5e-5})
+    out = tmp_path / algorithm
+    spec = resolve_spec(learning_spec(algorithm, sft_base, out, 10, **sections))
+    trainer_class = DPOTrainer if algorithm == "dpo" else RLTrainer
+    trainer_class(spec, backend="ray").fit()
+    before, after = validation_gain(out)
+    assert 0.0 < before < 0.9, f"the SFT base should be right only part of the time, got {before}"
+    assert after >= before + 0.1, f"{algorithm}: validation accuracy did not rise: {before} -> {after}"
+    logged = read_metrics(out)
+    assert all(f"channel/wait_s/{s}" in logged[1] for s in ("reward",) if algorithm != "dpo")
+    if algorithm == "ppo":
+        assert {"critic/vf_loss", "critic/values/mean", "timing/values"} <= set(logged[1])
+    assert (out / "checkpoints" / "step_10" / "model.safetensors").is_file()
+
+
+def test_dpo_on_fixed_pairs_raises_preference_accuracy_and_margins(tmp_path, sft_base):
+    (train_file,) = (sft_base.parents[1] / "data").glob("*/train.jsonl")
+    records = [json.loads(line) for line in train_file.read_text().splitlines()]
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(
+        json.dumps({"prompt": r["prompt"], "good": str(r["answer"]),
+                    "bad": str(int(r["answer"]) + 1)}) + "\n" for r in records))
+    out = tmp_path / "dpo"
+    spec = learning_spec("dpo", sft_base, out, 15, actor={"lr": 1e-4, "ppo_epochs": 1},
+                         trainer={"eval_every": 0})
+    spec["data"] = {"train_files": [str(pairs)], "chosen_key": "good", "rejected_key": "bad",
+                    "prompt_template": "plain", "train_batch_size": 16}
+    DPOTrainer(resolve_spec(spec)).fit()
+    logged = read_metrics(out)
+    first = logged[:3]
+    last = logged[-3:]
+
+    def mean(rows, key):
+        return sum(m[key] for m in rows) / len(rows)
+
+    assert mean(last, "dpo/rewards/accuracies") > mean(first, "dpo/rewards/accuracies") + 0.2
+    assert mean(last, "dpo/rewards/margins") > mean(first, "dpo/rewards/margins") + 0.05
+    assert mean(last, "dpo/loss") < mean(first, "dpo/loss")
+
+
+# --------------------------------------------------------------------------- faults
+
+
+def test_a_killed_rank_ends_the_run_with_the_role_name_and_releases_its_resources(
+        tmp_path, tiny_cache, local_ray):
+    from ray.util import placement_group_table
+
+    trainer = RLTrainer(resolve_spec(overlong_dapo(tmp_path, 2, steps=4)), backend="ray")
+    trainer.train_step()
+    pid = trainer.roles.actor.call("ping")[1]
+    os.kill(pid, signal.SIGKILL)
+    started = time.monotonic()
+    with pytest.raises(RoleFailed, match=r"role actor \(rank 1\) failed: its process died"):
+        trainer.fit()
+    assert time.monotonic() - started < 120
+    states = {g["state"] for g in placement_group_table().values()}
+    assert "CREATED" not in states, "the run's placement group must be removed"
+
+
+class Faulty(Worker):
+    role = "faulty"
+
+    def explode(self) -> None:
+        raise ZeroDivisionError("the fault under test")
+
+    def bad_input(self) -> None:
+        raise InputError("data.train_files: no such file")
+
+    def wait(self, seconds: float) -> int:
+        time.sleep(seconds)
+        return self.rank
+
+
+def test_an_exception_inside_a_role_names_the_role_and_input_errors_keep_their_type(local_ray):
+    group = RayGroup.start("faulty", Faulty, size=2, options=[{"num_cpus": 0}] * 2)
+    try:
+        with pytest.raises(RoleFailed, match=r"role faulty \(rank [01]\) failed: ZeroDivisionError: "
+                                             r"the fault under test"):
+            group.call("explode")
+        with pytest.raises(InputError, match="data.train_files: no such file"):
+            group.call("bad_input")
+        assert group.call("wait", 0.0) == [0, 1]
+    finally:
+        group.shutdown()
+
+
+def test_too_few_devices_fail_before_any_role_starts(tmp_path, tiny_cache, local_ray):
+    spec = resolve_spec(overlong_dapo(tmp_path, 2) | {"resources": {"device_type": "gpu",
+                                                                     "devices_per_node": 2}})
+    with pytest.raises(InputError, match=r"asks for GPU 2, CPU 2 .* the Ray cluster has CPU 4, GPU 0"):
+        RLTrainer(spec, backend="ray")
+    npu = overlong_dapo(tmp_path, 1) | {"resources": {"device_type": "npu", "num_nodes": 2,
+                                                      "devices_per_node": 2}}
+    npu["actor"]["ppo_micro_batch_size"] = 2
+    with pytest.raises(InputError, match=r"asks for NPU 4, CPU 4 \(2 node\(s\) x 2 npu"):
+        check_resources(resolve_spec(npu), {"CPU": 64, "NPU": 2})
+    check_resources(resolve_spec(npu), {"CPU": 64, "NPU": 4})  # enough: no error
+
+
+# --------------------------------------------------------------------------- the command
+
+
+def test_the_train_command_joins_the_ray_cluster_of_ray_address(tmp_path, tiny_cache, local_ray):
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(yaml.safe_dump(overlong_dapo(tmp_path / "out", 2, steps=2)))
+    address = local_ray.get_runtime_context().gcs_address
+    result = subprocess.run(
+        [sys.executable, "-m", "rl_core", "train", str(spec_file)], cwd=ROOT,
+        env={**os.environ, "RAY_ADDRESS": address}, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"joined the Ray cluster at {address}" in result.stderr
+    assert [m["step"] for m in read_metrics(tmp_path / "out")] == [1, 2]
