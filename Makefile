@@ -4,8 +4,6 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.ascent-installed
-HOST ?= 127.0.0.1
-PORT ?= 8000
 PYTEST_ARGS ?=
 
 .PHONY: install run test migrate constraints clean
@@ -20,9 +18,12 @@ install: $(STAMP)
 migrate: install
 	$(BIN)/python manage.py migrate --noinput
 
+# The whole platform on this machine (Procfile): a Ray head, MLflow, the web server, a Celery
+# worker with beat, and the demo run. Ctrl-C stops everything.
 run: migrate
-	$(BIN)/python manage.py bootstrap --host $(HOST) --port $(PORT)
-	$(BIN)/python manage.py runserver $(HOST):$(PORT)
+	$(BIN)/python manage.py bootstrap --host 127.0.0.1 --port 8000 --ray-address http://127.0.0.1:8265
+	RAY_AUTH_MODE=token PYTHONPATH=platform:. PATH="$(abspath $(BIN)):$$PATH" \
+	  ASCENT_JOB_PYTHON="$(abspath $(BIN))/python" $(BIN)/honcho -f Procfile start
 
 test: install
 	$(BIN)/python scripts/testenv.py -- $(BIN)/python -m pytest $(PYTEST_ARGS)

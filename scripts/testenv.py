@@ -169,8 +169,16 @@ def provide(stack: ExitStack, env: dict[str, str]) -> None:
     if not env.get("REDIS_URL"):
         local = "redis://127.0.0.1:6379/0"
         env["REDIS_URL"] = local if not force and redis_answers(local) else throwaway_redis(stack)
-    for name in ("DATABASE_URL", "REDIS_URL"):
+    if not env.get("CELERY_BROKER_URL"):  # the worker's broker: the same Redis, its own database
+        env["CELERY_BROKER_URL"] = redis_database(env["REDIS_URL"], 1)
+    for name in ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL"):
         log(f"{name}={env[name]}")
+
+
+def redis_database(url: str, number: int) -> str:
+    """`url` with its database number replaced: redis://host:port/0 -> redis://host:port/1."""
+    base, _, tail = url.rpartition("/")
+    return f"{base}/{number}" if tail.isdigit() and base.count("/") >= 2 else f"{url.rstrip('/')}/{number}"
 
 
 def main(argv: list[str]) -> int:

@@ -170,7 +170,7 @@ class AttemptSerializer(serializers.ModelSerializer):
     class Meta:
         model = Attempt
         fields = ["number", "ray_submission_id", "cluster", "device_count", "started_at",
-                  "ended_at", "exit_code", "exit_message"]
+                  "launched_at", "last_seen_at", "ended_at", "exit_code", "exit_message"]
 
 
 class RunEventSerializer(serializers.ModelSerializer):
@@ -191,7 +191,7 @@ class RunSerializer(serializers.ModelSerializer):
         fields = ["id", "name", "project", "experiment", "algorithm", "state", "is_terminal",
                   "priority", "device_type", "device_count", "cluster", "max_restarts",
                   "created_by", "cloned_from", "created_at", "updated_at", "started_at",
-                  "finished_at", "mlflow_run_id", "error", "attempts", "spec"]
+                  "finished_at", "mlflow_run_id", "error", "waiting_reason", "attempts", "spec"]
         read_only_fields = fields
 
 
@@ -282,3 +282,59 @@ class ErrorSerializer(serializers.Serializer):
     error = serializers.CharField()
     detail = serializers.CharField()
     errors = ErrorItemSerializer(many=True, required=False)
+
+
+# --- run data: logs, metrics, artifacts; cluster utilisation ---------------------------------
+
+class LogPageSerializer(serializers.Serializer):
+    attempt = serializers.IntegerField(allow_null=True, help_text="Attempt number (null: none yet).")
+    offset = serializers.IntegerField(help_text="Pass as `offset` to read what comes next.")
+    text = serializers.CharField(allow_blank=True)
+    complete = serializers.BooleanField(help_text="The attempt has ended: no more text will come.")
+
+
+class MetricPointSerializer(serializers.ListField):
+    child = serializers.FloatField()
+
+
+class MetricsSerializer(serializers.Serializer):
+    mlflow_run_id = serializers.CharField(allow_blank=True)
+    mlflow_url = serializers.CharField(allow_blank=True)
+    keys = serializers.ListField(child=serializers.CharField())
+    latest = serializers.DictField(child=serializers.FloatField())
+    history = serializers.DictField(
+        child=serializers.ListField(child=MetricPointSerializer()),
+        help_text="Per requested key: [step, value, timestamp ms] points, down-sampled.")
+
+
+class ArtifactSerializer(serializers.Serializer):
+    path = serializers.CharField()
+    is_dir = serializers.BooleanField()
+    size = serializers.IntegerField(allow_null=True)
+    step = serializers.IntegerField(allow_null=True, help_text="For checkpoints/step_N folders.")
+    url = serializers.CharField(help_text="The run's page in MLflow.")
+
+
+class KindUtilisationSerializer(serializers.Serializer):
+    total = serializers.IntegerField()
+    healthy = serializers.IntegerField()
+    held = serializers.IntegerField()
+    free = serializers.IntegerField()
+    utilisation = serializers.FloatField(help_text="held / healthy (0 when nothing is healthy).")
+
+
+class ActiveRunSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    name = serializers.CharField(allow_blank=True)
+    state = serializers.CharField()
+    device_type = serializers.CharField()
+    device_count = serializers.IntegerField()
+
+
+class UtilisationSerializer(serializers.Serializer):
+    cluster = serializers.CharField()
+    status = serializers.CharField()
+    last_probe_at = serializers.DateTimeField(allow_null=True)
+    last_probe_error = serializers.CharField(allow_blank=True)
+    kinds = serializers.DictField(child=KindUtilisationSerializer())
+    runs = ActiveRunSerializer(many=True)

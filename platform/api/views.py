@@ -16,6 +16,7 @@ from rest_framework.views import APIView
 
 from accounts.choices import Role
 from accounts.models import ApiToken, Membership, Project
+from api import run_data
 from api import serializers as s
 from api.filters import NodeFilter, RunFilter
 from api.pagination import RunCursorPagination
@@ -33,6 +34,8 @@ ERRORS = {
     404: OpenApiResponse(s.ErrorSerializer, description="No such object, or not visible to you."),
     409: OpenApiResponse(s.ErrorSerializer, description="Conflicts with the current state."),
 }
+TRACKING_ERRORS = {**ERRORS, 503: OpenApiResponse(s.ErrorSerializer,
+                                                   description="MLflow cannot be reached.")}
 
 
 # --- clusters -------------------------------------------------------------------------------
@@ -46,6 +49,12 @@ class ClusterViewSet(viewsets.ModelViewSet):
     filterset_fields = ["device_type", "status"]
     search_fields = ["name"]
     ordering_fields = ["name", "created_at"]
+
+    @extend_schema(responses={200: s.UtilisationSerializer})
+    @action(detail=True, methods=["get"])
+    def utilisation(self, request, pk=None):
+        """Devices by kind (total, healthy, held, free, held/healthy) and the runs holding them."""
+        return Response(run_data.utilisation(self.get_object()))
 
 
 class NodeViewSet(viewsets.ModelViewSet):
@@ -267,6 +276,42 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
         """Every state change of the run, oldest first."""
         run = self.get_object()
         return Response(s.RunEventSerializer(run.events.all(), many=True).data)
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("attempt", int, description="Attempt number (default: the latest)."),
+            OpenApiParameter("offset", int, description="Characters already read (default 0)."),
+            OpenApiParameter("follow", bool, description="Stream server-sent events (`log`, "
+                             "then `end`) as the log grows; also with Accept: text/event-stream."),
+        ],
+        responses={200: s.LogPageSerializer, **ERRORS})
+    @action(detail=True, methods=["get"], pagination_class=None, filter_backends=[])
+    def logs(self, request, pk=None):
+        """The training job's log (stdout and stderr), read incrementally by offset."""
+        run = self.get_object()
+        follow = request.query_params.get("follow", "") in ("1", "true", "yes")
+        if follow or "text/event-stream" in request.headers.get("Accept", ""):
+            return run_data.follow_logs(run, request.query_params)
+        return Response(run_data.log_page(run, request.query_params))
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("keys", str, description="Comma-separated metric names to return "
+                             "histories of, e.g. reward/mean,actor/kl_loss."),
+            OpenApiParameter("max_points", int, description="Points per history, evenly "
+                             "down-sampled keeping the first and last (default 500)."),
+        ],
+        responses={200: s.MetricsSerializer, **TRACKING_ERRORS})
+    @action(detail=True, methods=["get"], pagination_class=None, filter_backends=[])
+    def metrics(self, request, pk=None):
+        """Metrics of the run from MLflow: names, latest values and histories for charts."""
+        return Response(run_data.metrics(self.get_object(), request.query_params))
+
+    @extend_schema(responses={200: s.ArtifactSerializer(many=True), **TRACKING_ERRORS})
+    @action(detail=True, methods=["get"], pagination_class=None, filter_backends=[])
+    def artifacts(self, request, pk=None):
+        """The run's artifacts in MLflow (checkpoints/step_N, ...), with the MLflow link."""
+        return Response(run_data.artifacts(self.get_object()))
 
 
 def _idempotency_key(request) -> str:

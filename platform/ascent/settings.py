@@ -91,6 +91,44 @@ MLFLOW_TRACKING_URI = env_url(
     "MLFLOW_TRACKING_URI", "http://127.0.0.1:5000", schemes=("http", "https", "file", "sqlite")
 )
 
+# Celery: the worker dispatches runs (workers/tasks.py). A task is acknowledged only when it has
+# finished and is redelivered when its worker dies, so a launch interrupted by a crash runs again
+# (and finds its Ray job by submission id instead of starting another).
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# A request that queues a task must not hang on a broker that is down (beat catches up).
+CELERY_BROKER_CONNECTION_TIMEOUT = 2
+CELERY_TASK_PUBLISH_RETRY_POLICY = {"max_retries": 2, "interval_start": 0, "interval_step": 0.2,
+                                    "interval_max": 0.5}
+CELERY_BEAT_SCHEDULE = {
+    "schedule-runs": {"task": "workers.tasks.schedule_runs",
+                      "schedule": env_int("ASCENT_SCHEDULE_EVERY_S", 5, minimum=1)},
+    "watch-runs": {"task": "workers.tasks.watch_runs",
+                   "schedule": env_int("ASCENT_WATCH_EVERY_S", 2, minimum=1)},
+    "reconcile-runs": {"task": "workers.tasks.reconcile_runs",
+                       "schedule": env_int("ASCENT_RECONCILE_EVERY_S", 30, minimum=1)},
+    "probe-clusters": {"task": "workers.tasks.probe_clusters",
+                       "schedule": env_int("ASCENT_PROBE_EVERY_S", 30, minimum=1)},
+}
+
+# Dispatch. Each run's training output (checkpoints, metrics file) lives in
+# ASCENT_RUNS_DIR/run-<id>, shared by its attempts so a restart resumes from the latest
+# checkpoint: on a multi-node cluster it must be storage every node sees.
+ASCENT_RUNS_DIR = Path(env_str("ASCENT_RUNS_DIR", str(VAR_DIR / "runs"))).absolute()
+# The Python of the training environment on the cluster (with rl_core installed).
+ASCENT_JOB_PYTHON = env_str("ASCENT_JOB_PYTHON", "python")
+# Environment variables copied from the worker's environment into every job (comma-separated).
+ASCENT_JOB_ENV_PASSTHROUGH = env_list("ASCENT_JOB_ENV_PASSTHROUGH", ["ASCENT_CACHE_DIR", "HF_HOME"])
+# The token of Ray clusters that enforce token authentication (RAY_AUTH_MODE=token).
+RAY_AUTH_TOKEN = env_str("RAY_AUTH_TOKEN", "")
+# A run whose job status has not been read for this long is restarted or failed by reconcile.
+ASCENT_SILENCE_LIMIT_S = env_int("ASCENT_SILENCE_LIMIT_S", 600, minimum=10)
+# Aging in the placement order: priority points gained per hour of waiting.
+ASCENT_AGING_PER_HOUR = float(env_str("ASCENT_AGING_PER_HOUR", "1.0"))
+
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},

@@ -72,6 +72,10 @@ class Run(models.Model):
     )
     mlflow_run_id = models.CharField(max_length=64, blank=True)
     error = models.TextField(blank=True)
+    waiting_reason = models.CharField(
+        max_length=500, blank=True,
+        help_text="Why a queued run is not placed yet (capacity, an unreachable cluster, ...).",
+    )
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     updated_at = models.DateTimeField(auto_now=True)
     started_at = models.DateTimeField(null=True, blank=True)
@@ -112,6 +116,11 @@ class Attempt(models.Model):
     ended_at = models.DateTimeField(null=True, blank=True)
     exit_code = models.IntegerField(null=True, blank=True)
     exit_message = models.TextField(blank=True)
+    launched_at = models.DateTimeField(null=True, blank=True, help_text="When its Ray job was submitted.")
+    last_seen_at = models.DateTimeField(
+        null=True, blank=True, help_text="When the cluster last reported its job's status."
+    )
+    log_offset = models.PositiveBigIntegerField(default=0, help_text="Characters of its job log stored.")
 
     class Meta:
         ordering = ["run", "number"]
@@ -124,6 +133,18 @@ class Attempt(models.Model):
     def submission_id(run_id: int, number: int) -> str:
         """Derived from run and attempt, so a repeated launch finds the job instead of adding one."""
         return f"ascent-run-{run_id}-attempt-{number}"
+
+
+class LogChunk(models.Model):
+    """A piece of an attempt's Ray job log, stored as it is read (`offset`: its first character)."""
+
+    attempt = models.ForeignKey(Attempt, on_delete=models.CASCADE, related_name="log_chunks")
+    offset = models.PositiveBigIntegerField()
+    text = models.TextField()
+
+    class Meta:
+        ordering = ["attempt", "offset"]
+        constraints = [models.UniqueConstraint(fields=["attempt", "offset"], name="unique_log_offset")]
 
 
 class RunEvent(models.Model):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -44,6 +45,17 @@ class RequestError(ValueError):
     def __init__(self, field: str, message: str):
         self.field = field
         super().__init__(message)
+
+
+def notify_worker(task: str, *args) -> None:
+    """Queue a dispatch task now; when the broker is down, the worker's periodic tasks pick the
+    change up within seconds anyway, so a failure is only logged."""
+    from ascent.celery import send
+
+    try:
+        send(task, *args)
+    except Exception:  # noqa: BLE001 - never fail a request because the broker is down
+        logging.getLogger("ascent.dispatch").warning("could not queue %s", task, exc_info=True)
 
 
 def actor_name(user) -> str:
@@ -184,6 +196,7 @@ def submit_run(experiment: Experiment, user, submission: Submission) -> tuple[Ru
                 run=run, from_state="", to_state=RunState.QUEUED, actor=actor_name(user),
                 message="submitted",
             )
+        transaction.on_commit(lambda: notify_worker("workers.tasks.schedule_runs"))
     except IntegrityError:
         # Two submissions with one key raced past the lookup; the other one was stored.
         existing = submission.idempotency_key and _run_for_key(
@@ -224,8 +237,10 @@ def cancel_run(run: Run, user) -> Run:
         return transition(run, RunState.CANCELLED, actor=actor, message="cancelled before launch",
                           expected=RunState.QUEUED)
     if run.state in ACTIVE_STATES:
-        return transition(run, RunState.CANCELLING, actor=actor, message="cancel requested",
-                          expected=run.state)
+        run = transition(run, RunState.CANCELLING, actor=actor, message="cancel requested",
+                         expected=run.state)
+        transaction.on_commit(lambda: notify_worker("workers.tasks.stop_run", run.pk))
+        return run
     raise IllegalTransition(run.pk, run.state, RunState.CANCELLING, "It has already finished.")
 
 

@@ -1,0 +1,2 @@
+-- MLflow's store lives next to Ascent's database, in its own database.
+CREATE DATABASE mlflow OWNER ascent;

@@ -1,0 +1,268 @@
+"""Dispatch end to end, with real processes: the API (in this process), PostgreSQL, a Celery
+worker process with beat on Redis, a Ray head and an MLflow server on PostgreSQL.
+
+A run submitted through the API is placed, launched as a Ray job (`python -m rl_core train`),
+watched, logged and tracked to SUCCEEDED; cancel, a bad model path, a killed training process, a
+killed worker and a restarted worker each end the way the platform promises.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from django.db import connection
+from rest_framework.test import APIClient
+
+from accounts.choices import Role
+from accounts.models import Membership, Project
+from clusters.models import Cluster, Node
+from experiments.models import Attempt, Experiment, Run
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def tiny_run(steps: int, **trainer) -> dict:
+    return {
+        "algorithm": "grpo", "seed": 3, "model": {"path": "tiny:nano"},
+        "data": {"synthetic": {"task": "addition", "digits": 1, "num_train": 32, "num_val": 0},
+                 "prompt_template": "plain", "train_batch_size": 4},
+        "rollout": {"n_samples_per_prompt": 4, "max_new_tokens": 4},
+        "actor": {"lr": 1e-3, "ppo_mini_batch_size": 4, "ppo_micro_batch_size": 16},
+        "reward": {"functions": [{"name": "exact_match"}]},
+        "trainer": {"total_steps": steps, "save_every": 2, **trainer},
+    }
+
+
+class CeleryWorker:
+    """`celery -A ascent worker --beat` as a separate process on the test database."""
+
+    def __init__(self, env: dict[str, str], folder: Path):
+        self.env, self.folder, self.proc = env, folder, None
+        self.count = 0
+
+    def start(self) -> None:
+        self.count += 1
+        log = open(self.folder / f"worker-{self.count}.log", "w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "ascent", "worker", "--beat", "--pool=solo",
+             "--loglevel=INFO", "-s", str(self.folder / f"beat-{self.count}"), "--without-gossip",
+             "--without-mingle", "--without-heartbeat"],
+            cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def log(self) -> str:
+        return "".join(p.read_text() for p in sorted(self.folder.glob("worker-*.log")))
+
+
+@pytest.fixture
+def dispatch_env(ray_head, ray_head_token, mlflow_server, tmp_path, settings):
+    """Settings of this process and the worker's environment: the same database, broker,
+    MLflow server, Ray token and runs folder."""
+    db = connection.settings_dict
+    database_url = f"postgres://{db['USER']}:{db['PASSWORD']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+    runs = tmp_path / "runs"
+    cache = os.environ.get("ASCENT_CACHE_DIR") or str(tmp_path / "cache")
+    settings.MLFLOW_TRACKING_URI = mlflow_server
+    settings.RAY_AUTH_TOKEN = ray_head_token
+    settings.ASCENT_RUNS_DIR = runs
+    env = {**os.environ, "DATABASE_URL": database_url, "MLFLOW_TRACKING_URI": mlflow_server,
+           "RAY_AUTH_TOKEN": ray_head_token, "ASCENT_RUNS_DIR": str(runs),
+           "ASCENT_CACHE_DIR": cache, "ASCENT_JOB_PYTHON": sys.executable,
+           "ASCENT_SCHEDULE_EVERY_S": "1", "ASCENT_WATCH_EVERY_S": "1",
+           "ASCENT_RECONCILE_EVERY_S": "3", "ASCENT_PROBE_EVERY_S": "3",
+           "PYTHONPATH": f"{ROOT / 'platform'}{os.pathsep}{ROOT}"}
+    env.pop("RAY_ADDRESS", None)
+    subprocess.run([sys.executable, "-m", "celery", "-A", "ascent", "purge", "-f"], cwd=ROOT,
+                   env=env, capture_output=True, timeout=60, check=False)
+    return env
+
+
+@pytest.fixture
+def worker(dispatch_env, tmp_path):
+    worker = CeleryWorker(dispatch_env, tmp_path)
+    worker.start()
+    yield worker
+    worker.stop()
+    Path(tmp_path / "worker.log").write_text(worker.log())
+
+
+@pytest.fixture
+def world(django_user_model, ray_head):
+    user = django_user_model.objects.create_user("owner")
+    project = Project.objects.create(name="dispatch")
+    Membership.objects.create(project=project, user=user, role=Role.OWNER)
+    experiment = Experiment.objects.create(project=project, name="e2e", created_by=user)
+    Cluster.objects.create(name="local", device_type="cpu", ray_address=ray_head)
+    client = APIClient()
+    client.force_authenticate(user)
+    return client, experiment
+
+
+def submit(client, experiment, spec: dict, **fields) -> int:
+    response = client.post("/api/v1/runs/", {"experiment": experiment.pk, "spec": spec, **fields},
+                           format="json")
+    assert response.status_code == 201, response.content
+    return response.json()["id"]
+
+
+def wait_state(run_id: int, states: set[str], timeout: float, worker: CeleryWorker | None = None) -> Run:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        run = Run.objects.get(pk=run_id)
+        if run.state in states:
+            return run
+        time.sleep(0.3)
+    events = list(Run.objects.get(pk=run_id).events.values_list("to_state", "message"))
+    tail = worker.log()[-4000:] if worker else ""
+    attempts = list(Attempt.objects.filter(run_id=run_id).values("number", "exit_code",
+                                                                 "exit_message"))
+    raise AssertionError(f"run {run_id} is {run.state}, not {states}, after {timeout} s; "
+                         f"events {events}; attempts {attempts}\nworker log:\n{tail}")
+
+
+def jobs_of(ray_head, token, run_id: int) -> list:
+    from workers.ray_jobs import RayJobs
+
+    return [j for j in RayJobs(ray_head, token=token).list()
+            if j.submission_id.startswith(f"ascent-run-{run_id}-")]
+
+
+# --------------------------------------------------------------------------- the happy path
+
+
+def test_a_submitted_run_succeeds_with_metrics_logs_and_a_checkpoint(world, worker, mlflow_server):
+    client, experiment = world
+    run_id = submit(client, experiment, tiny_run(2))
+    run = wait_state(run_id, {"SUCCEEDED", "FAILED"}, 300, worker)
+    assert run.state == "SUCCEEDED", run.error
+    assert [e.to_state for e in run.events.all()] == [
+        "QUEUED", "SCHEDULED", "STARTING", "RUNNING", "SUCCEEDED"] or \
+        [e.to_state for e in run.events.all()] == ["QUEUED", "SCHEDULED", "STARTING", "SUCCEEDED"]
+    # the probe registered the head as a CPU node
+    assert Node.objects.filter(cluster__name="local", device_type="cpu", device_count__gte=1).exists()
+
+    logs = client.get(f"/api/v1/runs/{run_id}/logs/").json()
+    assert logs["attempt"] == 1 and "step 2:" in logs["text"] and logs["complete"]
+    more = client.get(f"/api/v1/runs/{run_id}/logs/?offset={logs['offset']}").json()
+    assert more["text"] == ""
+
+    metrics = client.get(f"/api/v1/runs/{run_id}/metrics/?keys=reward/mean&max_points=10").json()
+    assert "reward/mean" in metrics["keys"] and "actor/pg_loss" in metrics["keys"]
+    assert [p[0] for p in metrics["history"]["reward/mean"]] == [1, 2]
+    assert metrics["mlflow_url"].startswith(mlflow_server)
+
+    artifacts = client.get(f"/api/v1/runs/{run_id}/artifacts/").json()
+    assert 2 in {a["step"] for a in artifacts}, artifacts
+
+    from mlflow.tracking import MlflowClient
+
+    mlflow_run = MlflowClient(mlflow_server).get_run(run.mlflow_run_id)
+    assert mlflow_run.info.status == "FINISHED"
+    assert mlflow_run.data.params["algorithm"] == "grpo"
+
+    usage = client.get(f"/api/v1/clusters/{run.cluster_id}/utilisation/").json()
+    assert usage["kinds"]["cpu"]["held"] == 0 and usage["runs"] == []
+
+
+# --------------------------------------------------------------------------- endings
+
+
+def test_cancel_mid_run_stops_the_ray_job(world, worker, ray_head, ray_head_token):
+    client, experiment = world
+    run_id = submit(client, experiment, tiny_run(400))
+    wait_state(run_id, {"RUNNING"}, 300, worker)
+    assert client.post(f"/api/v1/runs/{run_id}/cancel/").json()["state"] == "CANCELLING"
+    run = wait_state(run_id, {"CANCELLED"}, 120, worker)
+    assert run.attempts.get().ended_at is not None
+    (job,) = jobs_of(ray_head, ray_head_token, run_id)
+    assert job.status == "STOPPED"
+
+
+def test_a_bad_model_path_fails_with_the_reason_and_is_not_retried(world, worker):
+    client, experiment = world
+    spec = tiny_run(2)
+    spec["model"]["path"] = "/nowhere/model"
+    run_id = submit(client, experiment, spec, max_restarts=2)
+    run = wait_state(run_id, {"FAILED", "SUCCEEDED"}, 300, worker)
+    assert run.state == "FAILED"
+    assert "/nowhere/model" in run.error and "not retried" in run.error
+    assert run.attempts.count() == 1 and run.attempts.get().exit_code == 2
+
+
+# --------------------------------------------------------------------------- faults
+
+
+def _training_process(run_id: int) -> psutil.Process | None:
+    for proc in psutil.process_iter(["cmdline", "environ"]):
+        try:
+            cmd = " ".join(proc.info["cmdline"] or [])
+            if "rl_core train spec.yaml" in cmd and (proc.info["environ"] or {}).get(
+                    "ASCENT_RUN_ID") == str(run_id):
+                return proc
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return None
+
+
+def test_a_killed_training_process_resumes_from_its_checkpoint_as_a_new_attempt(
+        world, worker, dispatch_env):
+    client, experiment = world
+    run_id = submit(client, experiment, tiny_run(30), max_restarts=1)
+    checkpoints = Path(dispatch_env["ASCENT_RUNS_DIR"]) / f"run-{run_id}" / "checkpoints"
+    deadline = time.monotonic() + 300
+    while not (checkpoints.is_dir() and any(checkpoints.glob("step_*"))):
+        assert time.monotonic() < deadline, "no checkpoint appeared"
+        time.sleep(0.5)
+    proc = _training_process(run_id)
+    assert proc is not None
+    proc.kill()
+    run = wait_state(run_id, {"SUCCEEDED", "FAILED"}, 400, worker)
+    assert run.state == "SUCCEEDED", run.error
+    first, second = run.attempts.order_by("number")
+    assert first.exit_code != 0 and second.exit_code == 0
+    assert "resumed from" in "".join(second.log_chunks.values_list("text", flat=True))
+    assert "RESTARTING" in [e.to_state for e in run.events.all()]
+
+
+def test_a_worker_killed_during_launch_leaves_exactly_one_ray_job(
+        world, worker, ray_head, ray_head_token):
+    client, experiment = world
+    run_id = submit(client, experiment, tiny_run(2))
+    wait_state(run_id, {"SCHEDULED", "STARTING", "RUNNING"}, 120, worker)  # placed: launching
+    worker.kill()
+    worker.start()
+    run = wait_state(run_id, {"SUCCEEDED", "FAILED"}, 300, worker)
+    assert run.state == "SUCCEEDED", run.error
+    assert len(jobs_of(ray_head, ray_head_token, run_id)) == 1
+    assert run.attempts.count() == 1
+
+
+def test_a_run_is_tracked_to_its_end_across_a_worker_restart(world, worker):
+    client, experiment = world
+    run_id = submit(client, experiment, tiny_run(8))
+    wait_state(run_id, {"RUNNING"}, 300, worker)
+    worker.stop()
+    time.sleep(3)
+    worker.start()
+    run = wait_state(run_id, {"SUCCEEDED", "FAILED"}, 300, worker)
+    assert run.state == "SUCCEEDED", run.error

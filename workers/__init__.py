@@ -1,0 +1,1 @@
+"""Celery tasks and the two adapters to the outside: Ray Jobs (ray_jobs) and MLflow (tracking)."""

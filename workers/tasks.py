@@ -1,0 +1,69 @@
+"""Celery tasks: thin shims around workers.dispatch (the domain services).
+
+Periodic (beat): schedule_runs, watch_runs, reconcile_runs, probe_clusters. On demand: the API
+queues schedule_runs after a submit and stop_run after a cancel, by name
+(`ascent.celery.send`), so the web process imports none of this.
+"""
+
+from __future__ import annotations
+
+from ascent.celery import app
+
+
+@app.task(name="workers.tasks.schedule_runs")
+def schedule_runs() -> list[int]:
+    from workers import dispatch
+
+    placed = dispatch.schedule()
+    for run_id in placed:
+        launch_run.delay(run_id)
+    return placed
+
+
+@app.task(name="workers.tasks.launch_run")
+def launch_run(run_id: int) -> str | None:
+    from workers import dispatch
+
+    return dispatch.launch(run_id)
+
+
+@app.task(name="workers.tasks.watch_runs")
+def watch_runs() -> list[int]:
+    from workers import dispatch
+
+    relaunch = dispatch.watch_all()
+    for run_id in relaunch:
+        launch_run.delay(run_id)
+    return relaunch
+
+
+@app.task(name="workers.tasks.stop_run")
+def stop_run(run_id: int) -> None:
+    from workers import dispatch
+
+    dispatch.stop(run_id)
+
+
+@app.task(name="workers.tasks.reconcile_runs")
+def reconcile_runs() -> list[int]:
+    from workers import dispatch
+
+    relaunch = dispatch.reconcile()
+    for run_id in relaunch:
+        launch_run.delay(run_id)
+    return relaunch
+
+
+@app.task(name="workers.tasks.probe_clusters")
+def probe_clusters() -> None:
+    from clusters.models import Cluster
+
+    for cluster_id in Cluster.objects.values_list("pk", flat=True):
+        probe_cluster.delay(cluster_id)
+
+
+@app.task(name="workers.tasks.probe_cluster")
+def probe_cluster(cluster_id: int) -> None:
+    from workers import dispatch
+
+    dispatch.probe(cluster_id)
