@@ -266,3 +266,31 @@ def test_a_run_is_tracked_to_its_end_across_a_worker_restart(world, worker):
     worker.start()
     run = wait_state(run_id, {"SUCCEEDED", "FAILED"}, 300, worker)
     assert run.state == "SUCCEEDED", run.error
+
+
+def test_an_unreachable_cluster_keeps_the_run_queued_with_the_reason(
+        django_user_model, dispatch_env, unused_address):
+    from workers import dispatch
+
+    user = django_user_model.objects.create_user("owner")
+    project = Project.objects.create(name="offline")
+    Membership.objects.create(project=project, user=user, role=Role.OWNER)
+    experiment = Experiment.objects.create(project=project, name="e", created_by=user)
+    cluster = Cluster.objects.create(name="gone", device_type="cpu", ray_address=unused_address)
+    Node.objects.create(cluster=cluster, hostname="n1", device_type="cpu", device_count=4,
+                        healthy_device_count=4)
+    client = APIClient()
+    client.force_authenticate(user)
+    run_id = submit(client, experiment, tiny_run(2))
+
+    assert dispatch.schedule() == [run_id]
+    assert dispatch.launch(run_id) is None
+    run = Run.objects.get(pk=run_id)
+    assert run.state == "QUEUED"
+    assert run.waiting_reason.startswith("cluster gone: cannot reach the Ray cluster at")
+    assert run.attempts.get().exit_message.startswith("not launched:")
+
+    dispatch.probe(cluster.pk)  # the probe marks it offline: the queue says why
+    dispatch.schedule()
+    run.refresh_from_db()
+    assert run.state == "QUEUED" and run.waiting_reason.startswith("cluster gone is offline")

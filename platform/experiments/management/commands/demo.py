@@ -8,6 +8,8 @@ processes ends, so the demo must not.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 import urllib.request
 
@@ -34,6 +36,12 @@ DEMO_SPEC = {
     "reward": {"functions": [{"name": "exact_match"}, {"name": "format_lenient", "weight": 0.1}]},
     "trainer": {"total_steps": 30, "save_every": 10, "eval_every": 10},
 }
+
+
+def _digest(spec: dict) -> str:
+    """Part of the demo's idempotency key: a repeated `make run` follows the same run, a changed
+    demo spec submits a new one."""
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def _answers(url: str) -> bool:
@@ -81,7 +89,7 @@ class Command(BaseCommand):
                                                          defaults={"created_by": admin})
         run, created = submit_run(experiment, admin, Submission(
             spec=DEMO_SPEC, name="demo", cluster=Cluster.objects.filter(name="local").first(),
-            idempotency_key="make-run-demo"))
+            idempotency_key=f"make-run-demo-{_digest(DEMO_SPEC)}"))
         self.stdout.write(f"{'Submitted' if created else 'Following'} demo run {run.pk}.")
         return run
 
