@@ -294,3 +294,75 @@ def test_an_unreachable_cluster_keeps_the_run_queued_with_the_reason(
     dispatch.schedule()
     run.refresh_from_db()
     assert run.state == "QUEUED" and run.waiting_reason.startswith("cluster gone is offline")
+
+
+# --------------------------------------------------------------------------- reconcile and probe
+
+
+def _running_run(experiment, cluster, user, *, launched: bool = True, max_restarts: int = 0) -> Run:
+    """A run the database believes RUNNING on `cluster` with one open attempt."""
+    from django.utils import timezone
+
+    run = Run.objects.create(experiment=experiment, spec=tiny_run(2), algorithm="grpo",
+                             state="RUNNING", device_type="cpu", device_count=1, cluster=cluster,
+                             created_by=user, max_restarts=max_restarts)
+    Attempt.objects.create(run=run, number=1, cluster=cluster, device_count=1,
+                           ray_submission_id=Attempt.submission_id(run.pk, 1),
+                           launched_at=timezone.now() if launched else None)
+    return run
+
+
+def test_a_job_the_cluster_forgot_fails_the_run_or_restarts_it(world, dispatch_env):
+    from workers import dispatch
+
+    _, experiment = world
+    cluster = Cluster.objects.get(name="local")
+    lost = _running_run(experiment, cluster, experiment.created_by)
+    assert dispatch.watch(lost.pk) is False
+    lost.refresh_from_db()
+    assert lost.state == "FAILED" and "the Ray job vanished" in lost.error
+
+    retried = _running_run(experiment, cluster, experiment.created_by, max_restarts=1)
+    assert dispatch.watch(retried.pk) is True  # a new attempt to launch
+    retried.refresh_from_db()
+    assert retried.state == "SCHEDULED" and retried.attempts.count() == 2
+
+
+def test_reconcile_ends_runs_not_heard_of_for_too_long(world, settings):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from workers import dispatch
+
+    _, experiment = world
+    cluster = Cluster.objects.get(name="local")
+    silent = _running_run(experiment, cluster, experiment.created_by)
+    fresh = _running_run(experiment, cluster, experiment.created_by)
+    Attempt.objects.filter(run=silent).update(last_seen_at=timezone.now() - timedelta(hours=1))
+    Attempt.objects.filter(run=fresh).update(last_seen_at=timezone.now())
+    settings.ASCENT_SILENCE_LIMIT_S = 600
+    dispatch.reconcile()
+    silent.refresh_from_db()
+    fresh.refresh_from_db()
+    assert silent.state == "FAILED" and silent.error.startswith("no news of Ray job")
+    assert fresh.state == "RUNNING"
+
+
+def test_the_probe_tracks_nodes_down_and_back(world, dispatch_env):
+    from workers import dispatch
+
+    cluster = Cluster.objects.get(name="local")
+    dispatch.probe(cluster.pk)
+    node = Node.objects.get(cluster=cluster)
+    assert node.state == "ready" and node.device_type == "cpu" and node.device_count == 2
+    cluster.refresh_from_db()
+    assert cluster.status == "online" and cluster.last_probe_at is not None
+    Node.objects.filter(pk=node.pk).update(state="down", healthy_device_count=0)
+    dispatch.probe(cluster.pk)  # the node answers again: back to READY
+    node.refresh_from_db()
+    assert node.state == "ready" and node.healthy_device_count == 2
+    Node.objects.filter(pk=node.pk).update(state="draining")
+    dispatch.probe(cluster.pk)  # a drained node stays drained
+    node.refresh_from_db()
+    assert node.state == "draining"
