@@ -455,13 +455,13 @@ class RLTrainer:
             "old_logprob": (self.roles.actor, list(SEQUENCE_KEYS), ["old_logprobs"]),
             "values": (self.roles.critic, list(SEQUENCE_KEYS), ["values"]),
         }
+        started = time.perf_counter()  # (a local group works while it is submitted)
         pending = []
         for stage in stages:
             group, needs, _ = plan[stage]
             chunk = max(1, -(-rows // group.size))
             pending.append((stage, group.submit("drain", channel, stage, needs, chunk,
                                                 STAGE_TIMEOUT_S)))
-        started = time.perf_counter()
         results = collect(*(p for _, p in pending))
         metrics: dict[str, float] = {}
         for (stage, _), per_rank in zip(pending, results):
