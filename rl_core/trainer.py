@@ -46,8 +46,8 @@ from rl_core.engines.rollout import RolloutBatch, SamplingParams
 from rl_core.errors import InputError, TrainingStopped
 from rl_core.models.loading import check_model_folder, load_tokenizer, resolve_model_path
 from rl_core.roles.group import collect
+from rl_core.roles.workers import SEQUENCE_COLUMNS, seed_everything
 from rl_core.roles.workers import decode_responses as _decode_rows
-from rl_core.roles.workers import seed_everything
 from rl_core.spec import RunSpec
 from rl_core.tracking import Tracker, make_tracker
 
@@ -451,9 +451,9 @@ class RLTrainer:
         plan = {
             "reward": (self.roles.reward, ["response_ids", "response_lengths", "truth"],
                        ["score", *(f"reward_fn/{n}" for n in self.rewards.names)]),
-            "ref_logprob": (self.roles.reference, list(SEQUENCE_KEYS), ["ref_logprobs"]),
-            "old_logprob": (self.roles.actor, list(SEQUENCE_KEYS), ["old_logprobs"]),
-            "values": (self.roles.critic, list(SEQUENCE_KEYS), ["values"]),
+            "ref_logprob": (self.roles.reference, list(SEQUENCE_COLUMNS), ["ref_logprobs"]),
+            "old_logprob": (self.roles.actor, list(SEQUENCE_COLUMNS), ["old_logprobs"]),
+            "values": (self.roles.critic, list(SEQUENCE_COLUMNS), ["values"]),
         }
         started = time.perf_counter()  # (a local group works while it is submitted)
         pending = []
@@ -596,9 +596,6 @@ class RLTrainer:
         return evaluate_prompts(self, self.val, prefix="val")
 
 
-SEQUENCE_KEYS = ("input_ids", "attention_mask", "position_ids", "response_mask")
-
-
 class _ShardedRollout:
     """`generate(ids, params, generator)` over the actor's ranks (what evaluation calls)."""
 
@@ -620,15 +617,12 @@ class _RewardsView:
     @property
     def names(self) -> list[str]:
         if self._names is None:
-            self._names = list(_first(self.group.call("score_names")))
+            self._names = list(self.group.call("score_names")[0])
         return self._names
 
     def score_batch(self, texts, truths):
-        return _first(self.group.call("score_texts", list(texts), list(truths)))
+        return self.group.call("score_texts", list(texts), list(truths))[0]
 
-
-def _first(results: list[Any]) -> Any:
-    return results[0]
 
 
 def select_rows(batch: RolloutBatch, keep: torch.Tensor) -> RolloutBatch:

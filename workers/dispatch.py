@@ -16,6 +16,7 @@ Ray is asked again whenever in doubt. Ray and MLflow are reached only through
 from __future__ import annotations
 
 import logging
+import os
 import re
 import tempfile
 from datetime import timedelta
@@ -91,8 +92,9 @@ def schedule(now=None) -> list[int]:
     for decision in placements:
         if _claim(decision.run_id, by_name[decision.cluster]):
             placed.append(decision.run_id)
+    queued_by_id = {r.pk: r for r in queued}
     for wait in waiting:
-        run = next(r for r in queued if r.pk == wait.run_id)
+        run = queued_by_id[wait.run_id]
         reason = wait.reason
         if run.cluster and run.cluster.name in offline:
             reason = f"cluster {run.cluster.name} is offline: {run.cluster.last_probe_error or 'unreachable'}"
@@ -185,7 +187,7 @@ def launch(run_id: int) -> str | None:
         return None
     mlflow_run_id = ensure_tracking(run)
     env = {name: value for name in settings.ASCENT_JOB_ENV_PASSTHROUGH
-           if (value := _environ(name))}
+           if (value := os.environ.get(name))}
     env.update({"MLFLOW_TRACKING_URI": settings.MLFLOW_TRACKING_URI, "MLFLOW_RUN_ID": mlflow_run_id,
                 "ASCENT_RUN_ID": str(run.pk), "ASCENT_ATTEMPT": str(attempt.number),
                 "PYTHONUNBUFFERED": "1"})
@@ -211,11 +213,6 @@ def launch(run_id: int) -> str | None:
                       message=f"Ray job {attempt.ray_submission_id} submitted")
     return attempt.ray_submission_id
 
-
-def _environ(name: str) -> str | None:
-    import os
-
-    return os.environ.get(name)
 
 
 # --------------------------------------------------------------------------- watch

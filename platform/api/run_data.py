@@ -90,15 +90,15 @@ def follow_logs(run: Run, params) -> StreamingHttpResponse:
                 yield _event("end", {"attempt": page["attempt"], "offset": page["offset"],
                                      "state": run.state})
                 return
+            if not page["text"]:
+                yield ": keep-alive\n\n"  # a comment line: keeps proxies from closing the stream
             time.sleep(FOLLOW_POLL_S)
-            attempt = page["attempt"]
             latest = _attempt(run, None)
-            if latest is not None and attempt is not None and latest.number != attempt:
-                page = log_page(run, {"attempt": latest.number, "offset": 0})  # a restart
+            if latest is not None and latest.number != page["attempt"]:  # a new attempt: from 0
+                page = log_page(run, {"attempt": latest.number, "offset": 0})
             else:
-                page = log_page(run, {"attempt": attempt, "offset": page["offset"]} if attempt
-                                else {})
-            yield ": keep-alive\n\n" if not page["text"] else ""
+                page = log_page(run, {"attempt": page["attempt"], "offset": page["offset"]}
+                                if page["attempt"] else {})
 
     response = StreamingHttpResponse(events(), content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"

@@ -156,7 +156,7 @@ def ray_roles(spec: RunSpec, *, model_path: str, total_steps: int, reference: bo
         colocated = 1 + int(reference) + int(spec.critic.enable)
         threads = max(1, res.cpus_per_device // colocated)
 
-        def options(role: str) -> list[dict[str, Any]]:
+        def options() -> list[dict[str, Any]]:
             out = []
             for rank in range(spec.world_size):
                 share = {k: v / colocated for k, v in bundle.items()}
@@ -177,17 +177,17 @@ def ray_roles(spec: RunSpec, *, model_path: str, total_steps: int, reference: bo
         backend = kind.backend
         common = {"size": spec.world_size, "backend": backend, "timeout_s": ROLE_START_TIMEOUT_S}
         actor = RayGroup.start("actor", ActorWorker, spec, model_path=model_path,
-                               total_steps=total_steps, options=options("actor"), **common)
+                               total_steps=total_steps, options=options(), **common)
         cleanup.insert(0, actor.shutdown)
         ref = None
         if reference:
             ref = RayGroup.start("reference", ReferenceWorker, spec,
-                                 options=options("reference"), **{**common, "size": spec.world_size})
+                                 options=options(), **common)
             cleanup.insert(0, ref.shutdown)
         critic = None
         if spec.critic.enable:
             critic = RayGroup.start("critic", CriticWorker, spec, total_steps=total_steps,
-                                    model_path=critic_path, options=options("critic"), **common)
+                                    model_path=critic_path, options=options(), **common)
             cleanup.insert(0, critic.shutdown)
         reward_ranks = spec.data_parallel_size
         pool = max(1, (os.cpu_count() or 1) // reward_ranks)

@@ -19,7 +19,6 @@ import contextlib
 import copy
 import random
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import replace
 from typing import Any
 
 import torch
@@ -422,6 +421,3 @@ class CriticWorker(Worker):
     def load_state(self, state: Mapping[str, Any]) -> None:
         self.engine.load_state_dict(state["engine"])
 
-
-def greedy(params: SamplingParams) -> SamplingParams:
-    return replace(params, do_sample=False, n=1)
