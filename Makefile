@@ -6,14 +6,34 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.ascent-installed
 PYTEST_ARGS ?=
 
-.PHONY: install run test migrate constraints clean
+.PHONY: install browser run test migrate constraints clean
+
+NODE_STAMP := frontend/node_modules/.ascent-installed
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test]'
 	@touch $@
 
-install: $(STAMP)
+# The web UI's browser packages (htmx, uPlot) from the npm registry, exactly as package-lock.json says.
+$(NODE_STAMP): frontend/package.json frontend/package-lock.json
+	@command -v npm >/dev/null || { echo "npm not found: install Node.js 18 or newer with npm (Debian: apt-get install nodejs npm)" >&2; exit 1; }
+	npm ci --prefix frontend --no-audit --no-fund --loglevel=error
+	@touch $@
+
+install: $(STAMP) $(NODE_STAMP)
+
+# Headless Chromium for the browser tests (Debian's package; Playwright drives it).
+CHROMIUM ?= /usr/bin/chromium
+browser:
+	@test -x $(CHROMIUM) || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing Debian's chromium for the browser tests"; \
+	    (apt-get install -y --no-install-recommends chromium >/dev/null 2>&1 || \
+	     (apt-get update -qq && apt-get install -y --no-install-recommends chromium >/dev/null)); \
+	  else \
+	    echo "$(CHROMIUM) is missing: install Chromium (Debian: sudo apt-get install chromium) or set CHROMIUM=/path/to/chromium" >&2; exit 1; \
+	  fi; }
 
 migrate: install
 	$(BIN)/python manage.py migrate --noinput
@@ -25,8 +45,8 @@ run: migrate
 	RAY_AUTH_MODE=token PYTHONPATH=platform:. PATH="$(abspath $(BIN)):$$PATH" \
 	  ASCENT_JOB_PYTHON="$(abspath $(BIN))/python" $(BIN)/honcho -f Procfile start
 
-test: install
-	$(BIN)/python scripts/testenv.py -- $(BIN)/python -m pytest $(PYTEST_ARGS)
+test: install browser
+	ASCENT_CHROMIUM=$(CHROMIUM) $(BIN)/python scripts/testenv.py -- $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # Re-pin constraints.txt from the current virtual environment (after changing pyproject.toml).
 constraints: install
@@ -35,4 +55,4 @@ constraints: install
 	  | sed -E 's/^torch==([0-9.]+)\+cpu$$/torch==\1/' > constraints.txt
 
 clean:
-	rm -rf $(VENV) var .pytest_cache
+	rm -rf $(VENV) var .pytest_cache frontend/node_modules

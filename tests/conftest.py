@@ -7,6 +7,9 @@ import sys
 
 import pytest
 
+# Real services for the end-to-end tests (Ray head, MLflow server, Celery worker).
+pytest_plugins = ["tests.stack"]
+
 
 @pytest.fixture(scope="session")
 def local_ray():

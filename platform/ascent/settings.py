@@ -37,6 +37,7 @@ INSTALLED_APPS = [
     "clusters",
     "experiments",
     "api",
+    "frontend",
 ]
 
 MIDDLEWARE = [
@@ -48,6 +49,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "frontend.middleware.NotFoundPageMiddleware",
 ]
 
 ROOT_URLCONF = "ascent.urls"
@@ -143,6 +145,18 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
+# The web UI's browser packages come from the npm registry (`make install` runs `npm ci` in
+# frontend/); only their built files are served, under static/vendor/<package>/.
+NODE_MODULES = BASE_DIR / "frontend" / "node_modules"
+STATICFILES_DIRS = [
+    ("vendor/htmx", NODE_MODULES / "htmx.org" / "dist"),
+    ("vendor/uplot", NODE_MODULES / "uplot" / "dist"),
+]
+
+# The web UI signs people in with Django sessions; the API also accepts bearer tokens.
+LOGIN_URL = "frontend:sign-in"
+LOGIN_REDIRECT_URL = "frontend:dashboard"
+LOGOUT_REDIRECT_URL = "frontend:sign-in"
 
 # Request bodies above this size are answered 413 before any view reads them.
 ASCENT_MAX_BODY_BYTES = env_int("ASCENT_MAX_BODY_BYTES", 1_048_576, minimum=1024)

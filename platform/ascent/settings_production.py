@@ -18,3 +18,11 @@ CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", True)
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0, minimum=0)
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+
+# gunicorn serves no files: WhiteNoise serves the collected static files (`manage.py collectstatic`
+# into STATIC_ROOT, done by the image build) with far-future cache headers.
+MIDDLEWARE = [*MIDDLEWARE[:2], "whitenoise.middleware.WhiteNoiseMiddleware", *MIDDLEWARE[2:]]  # noqa: F405
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
+}

@@ -1,4 +1,4 @@
-"""Top-level URLs: the REST API, its OpenAPI schema and Swagger UI, the admin."""
+"""Top-level URLs: the REST API, its OpenAPI schema and Swagger UI, the admin, the web UI."""
 
 from django.contrib import admin
 from django.http import JsonResponse
@@ -17,4 +17,5 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
     path("api/auth/", include("rest_framework.urls")),
+    path("", include("frontend.urls")),
 ]

@@ -8,102 +8,21 @@ killed worker and a restarted worker each end the way the platform promises.
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import psutil
 import pytest
-from django.db import connection
 from rest_framework.test import APIClient
 
 from accounts.choices import Role
 from accounts.models import Membership, Project
 from clusters.models import Cluster, Node
 from experiments.models import Attempt, Experiment, Run
+from tests.stack import tiny_run, wait_state
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def tiny_run(steps: int, **trainer) -> dict:
-    return {
-        "algorithm": "grpo", "seed": 3, "model": {"path": "tiny:nano"},
-        "data": {"synthetic": {"task": "addition", "digits": 1, "num_train": 32, "num_val": 0},
-                 "prompt_template": "plain", "train_batch_size": 4},
-        "rollout": {"n_samples_per_prompt": 4, "max_new_tokens": 4},
-        "actor": {"lr": 1e-3, "ppo_mini_batch_size": 4, "ppo_micro_batch_size": 16},
-        "reward": {"functions": [{"name": "exact_match"}]},
-        "trainer": {"total_steps": steps, "save_every": 2, **trainer},
-    }
-
-
-class CeleryWorker:
-    """`celery -A ascent worker --beat` as a separate process on the test database."""
-
-    def __init__(self, env: dict[str, str], folder: Path):
-        self.env, self.folder, self.proc = env, folder, None
-        self.count = 0
-
-    def start(self) -> None:
-        self.count += 1
-        log = open(self.folder / f"worker-{self.count}.log", "w")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "ascent", "worker", "--beat", "--pool=solo",
-             "--loglevel=INFO", "-s", str(self.folder / f"beat-{self.count}"), "--without-gossip",
-             "--without-mingle", "--without-heartbeat"],
-            cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-
-    def kill(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=30)
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-    def log(self) -> str:
-        return "".join(p.read_text() for p in sorted(self.folder.glob("worker-*.log")))
-
-
-@pytest.fixture
-def dispatch_env(ray_head, ray_head_token, mlflow_server, tmp_path, settings):
-    """Settings of this process and the worker's environment: the same database, broker,
-    MLflow server, Ray token and runs folder."""
-    db = connection.settings_dict
-    database_url = f"postgres://{db['USER']}:{db['PASSWORD']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
-    runs = tmp_path / "runs"
-    cache = os.environ.get("ASCENT_CACHE_DIR") or str(tmp_path / "cache")
-    settings.MLFLOW_TRACKING_URI = mlflow_server
-    settings.RAY_AUTH_TOKEN = ray_head_token
-    settings.ASCENT_RUNS_DIR = runs
-    env = {**os.environ, "DATABASE_URL": database_url, "MLFLOW_TRACKING_URI": mlflow_server,
-           "RAY_AUTH_TOKEN": ray_head_token, "ASCENT_RUNS_DIR": str(runs),
-           "ASCENT_CACHE_DIR": cache, "ASCENT_JOB_PYTHON": sys.executable,
-           "ASCENT_SCHEDULE_EVERY_S": "1", "ASCENT_WATCH_EVERY_S": "1",
-           "ASCENT_RECONCILE_EVERY_S": "3", "ASCENT_PROBE_EVERY_S": "3",
-           "PYTHONPATH": f"{ROOT / 'platform'}{os.pathsep}{ROOT}"}
-    env.pop("RAY_ADDRESS", None)
-    subprocess.run([sys.executable, "-m", "celery", "-A", "ascent", "purge", "-f"], cwd=ROOT,
-                   env=env, capture_output=True, timeout=60, check=False)
-    return env
-
-
-@pytest.fixture
-def worker(dispatch_env, tmp_path):
-    worker = CeleryWorker(dispatch_env, tmp_path)
-    worker.start()
-    yield worker
-    worker.stop()
-    Path(tmp_path / "worker.log").write_text(worker.log())
 
 
 @pytest.fixture
@@ -123,21 +42,6 @@ def submit(client, experiment, spec: dict, **fields) -> int:
                            format="json")
     assert response.status_code == 201, response.content
     return response.json()["id"]
-
-
-def wait_state(run_id: int, states: set[str], timeout: float, worker: CeleryWorker | None = None) -> Run:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        run = Run.objects.get(pk=run_id)
-        if run.state in states:
-            return run
-        time.sleep(0.3)
-    events = list(Run.objects.get(pk=run_id).events.values_list("to_state", "message"))
-    tail = worker.log()[-4000:] if worker else ""
-    attempts = list(Attempt.objects.filter(run_id=run_id).values("number", "exit_code",
-                                                                 "exit_message"))
-    raise AssertionError(f"run {run_id} is {run.state}, not {states}, after {timeout} s; "
-                         f"events {events}; attempts {attempts}\nworker log:\n{tail}")
 
 
 def jobs_of(ray_head, token, run_id: int) -> list:

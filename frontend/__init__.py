@@ -1,0 +1,1 @@
+"""Ascent's web UI: server-rendered pages over the same services as the REST API."""

@@ -1,0 +1,29 @@
+"""The web UI's pages (mounted at the site root)."""
+
+from django.contrib.auth import views as auth_views
+from django.urls import path
+
+from frontend.views import clusters, compare, dashboard, runs, settings, submit
+
+app_name = "frontend"
+
+urlpatterns = [
+    path("", dashboard.dashboard, name="dashboard"),
+    path("sign-in/", auth_views.LoginView.as_view(template_name="frontend/sign_in.html",
+                                                  redirect_authenticated_user=True), name="sign-in"),
+    path("sign-out/", auth_views.LogoutView.as_view(), name="sign-out"),
+    path("runs/", runs.run_list, name="runs"),
+    path("runs/new/", submit.submit, name="submit"),
+    path("runs/new/convert/", submit.convert, name="submit-convert"),
+    path("runs/<int:pk>/", runs.run_detail, name="run"),
+    path("runs/<int:pk>/status/", runs.run_status, name="run-status"),
+    path("runs/<int:pk>/cancel/", runs.run_cancel, name="run-cancel"),
+    path("runs/<int:pk>/restart/", runs.run_restart, name="run-restart"),
+    path("compare/", compare.compare, name="compare"),
+    path("clusters/", clusters.cluster_list, name="clusters"),
+    path("clusters/nodes/<int:pk>/<str:action>/", clusters.node_action, name="node-action"),
+    path("settings/", settings.settings_page, name="settings"),
+    path("settings/projects/<int:pk>/members/", settings.member_action, name="member-action"),
+    path("settings/tokens/", settings.token_create, name="token-create"),
+    path("settings/tokens/<int:pk>/revoke/", settings.token_revoke, name="token-revoke"),
+]

@@ -1,0 +1,7 @@
+from django.contrib.auth.decorators import login_required
+from django.shortcuts import render
+
+
+@login_required
+def compare(request):
+    return render(request, "frontend/base.html")

@@ -1,0 +1,122 @@
+"""Browser tests: Playwright drives Debian's Chromium, headless, against the live test server.
+
+`make test` installs Chromium (`make browser`) and sets ASCENT_CHROMIUM; Playwright never
+downloads a browser of its own. Every page a test opens is watched: an error in the browser
+console or an uncaught script error fails the test. Screenshots go to ASCENT_SCREENSHOTS_DIR
+(default var/screenshots; `make screenshots` refreshes docs/images/ui).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from django.test import Client
+
+from accounts.choices import Role
+from accounts.models import Membership, Project
+from experiments.models import Experiment
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = os.environ.get("ASCENT_CHROMIUM", "/usr/bin/chromium")
+SCREENSHOTS = Path(os.environ.get("ASCENT_SCREENSHOTS_DIR", ROOT / "var" / "screenshots"))
+# Chromium flags for a closed network and a root user (as in CI).
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Chromium for one test module. Playwright's sync API keeps an asyncio loop running in this
+    thread while it lives, which Django's ORM takes for an async context: the module's tests may
+    use the ORM anyway (DJANGO_ALLOW_ASYNC_UNSAFE, as Playwright's own Django guide says), and
+    the loop ends with the module, before any other test runs."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.fail(f"No Chromium at {CHROMIUM}: run `make browser` (Debian: apt-get install "
+                    "chromium) or set ASCENT_CHROMIUM to its path.", pytrace=False)
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    try:
+        with sync_api.sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            yield browser
+            browser.close()
+    finally:
+        os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+
+
+class ConsoleWatch:
+    """Errors the page printed to the console or threw, minus those a test said to expect."""
+
+    def __init__(self):
+        self.errors: list[str] = []
+        self.expected: list[re.Pattern] = []
+
+    def expect(self, pattern: str) -> None:
+        self.expected.append(re.compile(pattern))
+
+    def unexpected(self) -> list[str]:
+        return [e for e in self.errors if not any(p.search(e) for p in self.expected)]
+
+
+@pytest.fixture
+def console():
+    return ConsoleWatch()
+
+
+@pytest.fixture
+def page(browser, live_server, console):
+    """A fresh browser context and page on the live server; fails the test on console errors."""
+    context = browser.new_context(base_url=live_server.url, viewport={"width": 1360, "height": 900})
+    context.set_default_timeout(15_000)
+    page = context.new_page()
+    page.on("console", lambda m: m.type == "error" and console.errors.append(
+        f"console: {m.text} ({m.location.get('url', '')})"))
+    page.on("pageerror", lambda exc: console.errors.append(f"page error: {exc}"))
+    yield page
+    context.close()
+    assert not console.unexpected(), "errors in the browser console:\n" + "\n".join(console.unexpected())
+
+
+@pytest.fixture
+def sign_in(page, live_server):
+    """sign_in(user): give the page's browser a session of `user` (the sign-in form itself has a
+    test of its own)."""
+
+    def sign_in(user) -> None:
+        client = Client()
+        client.force_login(user)
+        cookie = client.cookies[settings.SESSION_COOKIE_NAME]
+        page.context.add_cookies([{"name": cookie.key, "value": cookie.value,
+                                   "url": live_server.url}])
+
+    return sign_in
+
+
+def screenshot(page, name: str) -> Path:
+    """A full-page PNG of what the page shows now, as SCREENSHOTS/<name>.png."""
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    path = SCREENSHOTS / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    return path
+
+
+@pytest.fixture
+def team(django_user_model):
+    """A project with an owner, a maintainer and a viewer, one experiment, and a staff admin."""
+    users = {name: django_user_model.objects.create_user(name, password=f"{name}-pass-123")
+             for name in ("owner", "maintainer", "viewer", "stranger")}
+    users["admin"] = django_user_model.objects.create_user("admin", password="admin-pass-123",
+                                                           is_staff=True, is_superuser=True)
+    project = Project.objects.create(name="alpha", description="the alpha team")
+    for name, role in (("owner", Role.OWNER), ("maintainer", Role.MAINTAINER),
+                       ("viewer", Role.VIEWER)):
+        Membership.objects.create(project=project, user=users[name], role=role)
+    experiment = Experiment.objects.create(project=project, name="baseline",
+                                           created_by=users["owner"])
+    return {"users": users, "project": project, "experiment": experiment}
