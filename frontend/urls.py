@@ -17,6 +17,7 @@ urlpatterns = [
     path("runs/new/convert/", submit.convert, name="submit-convert"),
     path("runs/<int:pk>/", runs.run_detail, name="run"),
     path("runs/<int:pk>/status/", runs.run_status, name="run-status"),
+    path("runs/<int:pk>/checkpoints/", runs.run_checkpoints, name="run-checkpoints"),
     path("runs/<int:pk>/cancel/", runs.run_cancel, name="run-cancel"),
     path("runs/<int:pk>/restart/", runs.run_restart, name="run-restart"),
     path("compare/", compare.compare, name="compare"),

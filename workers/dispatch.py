@@ -141,7 +141,8 @@ def job_spec(run: Run) -> dict[str, Any]:
     attempts, so a restart resumes from the latest checkpoint) and MLflow logging on."""
     spec = dict(run.spec)
     trainer = dict(spec.get("trainer") or {})
-    trainer["output_dir"] = str(run_output_dir(run))
+    # A restart trains on in the output folder of the run it continues.
+    trainer["output_dir"] = str(run_output_dir(run.resume_from or run))
     trainer["resume_mode"] = "auto"
     trainer.pop("resume_path", None)
     loggers = list(trainer.get("logger") or ["console"])

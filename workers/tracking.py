@@ -7,11 +7,13 @@ TrackingError, whose message says whether the server could not be reached or wha
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import threading
 from collections.abc import Mapping, Sequence
 from contextlib import contextmanager
+from urllib.parse import quote
 
 import requests
 from mlflow.exceptions import MlflowException
@@ -107,6 +109,17 @@ class Tracking:
         with self._errors(f"return run {run_id}"):
             experiment_id = self._client.get_run(run_id).info.experiment_id
         return f"{self.uri}/#/experiments/{experiment_id}/runs/{run_id}"
+
+    def compare_url(self, run_ids: Sequence[str]) -> str:
+        """The MLflow UI's comparison of these runs (their curves and parameters side by side)."""
+        experiments = []
+        for run_id in run_ids:
+            with self._errors(f"return run {run_id}"):
+                experiment_id = self._client.get_run(run_id).info.experiment_id
+            if experiment_id not in experiments:
+                experiments.append(experiment_id)
+        runs, exps = (quote(json.dumps(list(ids))) for ids in (run_ids, experiments))
+        return f"{self.uri}/#/compare-runs?runs={runs}&experiments={exps}"
 
     @contextmanager
     def _errors(self, what: str):

@@ -7,6 +7,7 @@ from django.http import Http404
 from accounts.choices import WRITE_ROLES
 from api.permissions import visible_projects
 from experiments.models import Experiment, Run
+from rl_core.spec import RunSpec
 
 
 def visible_runs(user):
@@ -34,3 +35,16 @@ def writable_experiments(user):
 def can_write_run(user, run: Run) -> bool:
     return run.experiment.project.can_write(user)
 
+
+
+def is_htmx(request) -> bool:
+    """A partial update asked for by htmx (it sends HX-Request: true)."""
+    return request.headers.get("HX-Request") == "true"
+
+
+def ordered_spec(spec: dict) -> dict:
+    """A stored spec in the RunSpec's field order (the database keeps JSON keys sorted)."""
+    try:
+        return RunSpec.model_validate(spec).model_dump(mode="json")
+    except ValueError:  # stored under older rules: shown as it is
+        return spec

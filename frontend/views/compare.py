@@ -1,7 +1,81 @@
+"""Compare runs: overlaid curves of chosen metrics, a spec diff, the same comparison in MLflow."""
+
+from __future__ import annotations
+
+import json
+
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import render
+
+from api.run_data import TrackingUnavailable, compare as tracked_metrics
+from frontend.views.common import ordered_spec, visible_runs
+
+DEFAULT_METRICS = ["reward/mean", "actor/kl_loss", "response_length/mean", "actor/entropy"]
+MAX_RUNS = 10
+
+
+def _ids(params) -> list[int]:
+    ids = []
+    for value in params.getlist("runs"):
+        for part in value.split(","):
+            part = part.strip().lstrip("#")
+            if part.isdigit() and int(part) not in ids:
+                ids.append(int(part))
+    return ids[:MAX_RUNS]
+
+
+def _leaves(value, prefix: str = "") -> dict[str, str]:
+    """Every leaf of a spec as a dotted path and its JSON text (lists index by position)."""
+    if isinstance(value, dict) and value:
+        items = value.items()
+    elif isinstance(value, list) and value:
+        items = enumerate(value)
+    else:
+        return {prefix: json.dumps(value)}
+    out = {}
+    for key, item in items:
+        out.update(_leaves(item, f"{prefix}.{key}" if prefix else str(key)))
+    return out
+
+
+def spec_diff(runs) -> list[dict]:
+    """Rows of (path, value per run, changed), every path of any run, in spec order."""
+    leaves = [_leaves(ordered_spec(run.spec)) for run in runs]
+    paths = list(dict.fromkeys(path for flat in leaves for path in flat))
+    rows = []
+    for path in paths:
+        values = [flat.get(path, "—") for flat in leaves]
+        rows.append({"path": path, "values": values, "changed": len(set(values)) > 1})
+    return rows
 
 
 @login_required
 def compare(request):
-    return render(request, "frontend/base.html")
+    ids = _ids(request.GET)
+    runs = list(visible_runs(request.user).filter(pk__in=ids))
+    runs.sort(key=lambda run: ids.index(run.pk))
+    missing = [pk for pk in ids if pk not in {run.pk for run in runs}]
+    context = {"runs": runs, "missing": missing, "max_runs": MAX_RUNS}
+    if len(runs) < 2:
+        context["recent"] = visible_runs(request.user).order_by("-created_at")[:50]
+        return render(request, "frontend/compare.html", context)
+
+    chosen = request.GET.getlist("metric") or DEFAULT_METRICS
+    try:
+        tracked = tracked_metrics(runs, chosen)
+    except TrackingUnavailable as exc:
+        tracked = {"keys": [], "history": {}, "mlflow_url": "", "error": str(exc.detail)}
+    keys = [key for key in chosen if key in tracked["keys"]]
+    labels = {run.pk: f"#{run.pk} {run.name}".strip() for run in runs}
+    context.update({
+        "tracked": tracked,
+        "chosen": keys,
+        "available": tracked["keys"],
+        "charts": [{"key": key, "series": [
+            {"label": labels[run.pk], "points": tracked["history"].get(run.pk, {}).get(key, [])}
+            for run in runs]} for key in keys],
+        "diff": spec_diff(runs),
+        "untracked": [labels[run.pk] for run in runs if not run.mlflow_run_id],
+        "ids": ",".join(str(run.pk) for run in runs),
+    })
+    return render(request, "frontend/compare.html", context)

@@ -1,27 +1,139 @@
+"""The runs list and a run's page: state, timeline, live charts and logs, spec, checkpoints."""
+
+from __future__ import annotations
+
+import yaml
+from django.contrib import messages
+from django.contrib.auth import get_user_model
 from django.contrib.auth.decorators import login_required
-from django.shortcuts import render
+from django.core.paginator import Paginator
+from django.db.models import Q
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_POST
+
+from api.run_data import TrackingUnavailable, artifacts
+from experiments import services
+from experiments.choices import TERMINAL_STATES, RunState
+from experiments.models import Experiment
+from frontend.views.common import can_write_run, is_htmx, ordered_spec, run_or_404, visible_runs
+from rl_core.spec import PRESETS, SpecError
+
+SORTS = {"newest": "-created_at", "oldest": "created_at", "priority": "-priority",
+         "name": "name", "state": "state"}
+# The charts of a run's page: (title, metric keys); `timing/*` collects every stage's time.
+CHARTS = [
+    ("Reward", ["reward/mean"]),
+    ("KL", ["actor/kl_loss", "actor/ppo_kl"]),
+    ("Entropy", ["actor/entropy"]),
+    ("Response length", ["response_length/mean", "response_length/max"]),
+    ("Throughput (tokens/s)", ["perf/tokens_per_s"]),
+    ("Stage timings (s)", ["timing/*"]),
+]
 
 
 @login_required
 def run_list(request):
-    return render(request, "frontend/base.html")
+    """Runs the user may see, filtered by state, experiment, creator, algorithm and a search."""
+    params = request.GET
+    runs = visible_runs(request.user)
+    if params.get("state"):
+        runs = runs.filter(state__in=params.getlist("state"))
+    if params.get("experiment", "").isdigit():
+        runs = runs.filter(experiment_id=int(params["experiment"]))
+    if params.get("creator"):
+        runs = runs.filter(created_by__username=params["creator"])
+    if params.get("algorithm"):
+        runs = runs.filter(algorithm=params["algorithm"])
+    query = params.get("q", "").strip()
+    if query:
+        match = Q(name__icontains=query) | Q(experiment__name__icontains=query)
+        runs = runs.filter(match | Q(pk=int(query.lstrip("#")))) if query.lstrip("#").isdigit() \
+            else runs.filter(match)
+    sort = params.get("sort") if params.get("sort") in SORTS else "newest"
+    page = Paginator(runs.order_by(SORTS[sort], "-id"), 50).get_page(params.get("page"))
+    visible = visible_runs(request.user)
+    context = {
+        "page": page, "sort": sort, "sorts": list(SORTS), "query": query,
+        "states": list(RunState), "algorithms": list(PRESETS),
+        "chosen": {"state": params.getlist("state"), "experiment": params.get("experiment", ""),
+                   "creator": params.get("creator", ""), "algorithm": params.get("algorithm", "")},
+        "experiments": Experiment.objects.filter(runs__in=visible).distinct()
+        .select_related("project").order_by("project__name", "name"),
+        "creators": get_user_model().objects.filter(runs__in=visible).distinct()
+        .order_by("username").values_list("username", flat=True),
+        "filtered": any(params.get(k) for k in ("state", "experiment", "creator", "algorithm", "q")),
+    }
+    template = "frontend/_runs_table.html" if is_htmx(request) else "frontend/runs.html"
+    return render(request, template, context)
+
+
+def _detail_context(request, run) -> dict:
+    return {
+        "run": run,
+        "attempts": run.attempts.select_related("cluster").order_by("number"),
+        "events": run.events.order_by("created_at", "id"),
+        "can_write": can_write_run(request.user, run),
+        "active": run.state not in TERMINAL_STATES,
+        "restartable": run.state in (RunState.FAILED, RunState.CANCELLED),
+    }
 
 
 @login_required
-def run_detail(request, pk):
-    return render(request, "frontend/base.html")
+def run_detail(request, pk: int):
+    run = run_or_404(request.user, pk)
+    context = _detail_context(request, run)
+    context.update({
+        "spec_yaml": yaml.safe_dump(ordered_spec(run.spec), sort_keys=False, allow_unicode=True),
+        "charts": CHARTS,
+        "clones": visible_runs(request.user).filter(cloned_from=run).order_by("created_at"),
+    })
+    return render(request, "frontend/run.html", context)
 
 
 @login_required
-def run_status(request, pk):
-    return render(request, "frontend/base.html")
+def run_status(request, pk: int):
+    """The state header and timeline, polled by the run's page while the run is active."""
+    return render(request, "frontend/_run_status.html", _detail_context(request, run_or_404(request.user, pk)))
 
 
 @login_required
-def run_cancel(request, pk):
-    return render(request, "frontend/base.html")
+def run_checkpoints(request, pk: int):
+    """The run's checkpoints in MLflow (a partial, polled while the run is active)."""
+    run = run_or_404(request.user, pk)
+    context = {"run": run, "active": run.state not in TERMINAL_STATES, "error": ""}
+    try:
+        rows = artifacts(run)
+    except TrackingUnavailable as exc:
+        rows, context["error"] = [], str(exc.detail)
+    context["checkpoints"] = sorted((r for r in rows if r["step"] is not None),
+                                    key=lambda r: r["step"], reverse=True)
+    context["mlflow_url"] = rows[0]["url"] if rows else ""
+    return render(request, "frontend/_run_checkpoints.html", context)
+
+
+def _act(request, pk: int, act, done: str):
+    run = run_or_404(request.user, pk)
+    if not can_write_run(request.user, run):
+        messages.error(request, "Viewers cannot change runs: ask a project owner for the "
+                                "maintainer role.")
+        return redirect("frontend:run", pk=run.pk)
+    try:
+        result = act(run, request.user)
+    except (services.DomainError, SpecError) as exc:  # a stored spec today's rules refuse
+        messages.error(request, str(exc))
+        return redirect("frontend:run", pk=run.pk)
+    messages.success(request, done.format(run=run, result=result))
+    return redirect("frontend:run", pk=result.pk)
 
 
 @login_required
-def run_restart(request, pk):
-    return render(request, "frontend/base.html")
+@require_POST
+def run_cancel(request, pk: int):
+    return _act(request, pk, services.cancel_run, "Run {run.pk}: cancel requested.")
+
+
+@login_required
+@require_POST
+def run_restart(request, pk: int):
+    return _act(request, pk, services.restart_run,
+                "Run {result.pk} continues run {run.pk} from its latest checkpoint.")

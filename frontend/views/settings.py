@@ -1,22 +1,110 @@
+"""Settings: the members of your projects and your API tokens.
+
+Input is checked by the API's own serializers and the rules applied by accounts.services, so
+the page and the REST API accept and refuse the same things.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.shortcuts import render
+from django.core.exceptions import PermissionDenied
+from django.db.models import Prefetch
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_POST
+
+from accounts import services as membership_rules
+from accounts.choices import Role
+from accounts.models import ApiToken, Membership
+from api.errors import flatten_errors
+from api.permissions import visible_projects
+from api.serializers import MembershipRoleSerializer, MembershipSerializer, TokenSerializer
+from experiments.services import DomainError
+
+
+def _page(request, **extra):
+    projects = list(visible_projects(request.user).distinct().prefetch_related(
+        Prefetch("memberships", Membership.objects.select_related("user").order_by("user__username"))))
+    for project in projects:
+        project.manageable = project.can_admin(request.user)
+    context = {
+        "projects": projects, "roles": Role.choices,
+        "tokens": ApiToken.objects.filter(user=request.user),
+        "default_days": settings.ASCENT_TOKEN_DEFAULT_DAYS,
+        "token_form": {"name": "", "expires_in_days": settings.ASCENT_TOKEN_DEFAULT_DAYS},
+        **extra,
+    }
+    return render(request, "frontend/settings.html", context)
+
+
+def _errors(serializer) -> str:
+    """A serializer's errors as one sentence per field, e.g. 'role: "x" is not a valid choice.'"""
+    return " ".join(f"{e['field']}: {e['message']}" if e["field"] else e["message"]
+                    for e in flatten_errors(serializer.errors))
 
 
 @login_required
 def settings_page(request):
-    return render(request, "frontend/base.html")
+    return _page(request)
 
 
 @login_required
+@require_POST
 def member_action(request, pk):
-    return render(request, "frontend/base.html")
+    """op=add (username, role), op=role (username, role) or op=remove (username); owners only."""
+    project = get_object_or_404(visible_projects(request.user).distinct(), pk=pk)
+    back = redirect(f"{reverse('frontend:settings')}#project-{project.name}")
+    op, username = request.POST.get("op"), request.POST.get("username", "").strip()
+    try:
+        membership_rules.require_owner(project, request.user)
+        if op == "add":
+            serializer = MembershipSerializer(data={"username": username, "role": request.POST.get("role")})
+            if not serializer.is_valid():
+                messages.error(request, f"Could not add {username or 'a member'}: {_errors(serializer)}")
+                return back
+            data = serializer.validated_data
+            membership_rules.add_member(project, data["user"], data["role"])
+            messages.success(request, f"Added {username} to {project.name} as {data['role']}.")
+            return back
+        membership = project.memberships.filter(user__username=username).first()
+        if membership is None:
+            messages.error(request, f"{username or 'That user'} is not a member of {project.name}.")
+        elif op == "role":
+            serializer = MembershipRoleSerializer(data={"role": request.POST.get("role")})
+            if not serializer.is_valid():
+                messages.error(request, f"Could not change the role of {username}: {_errors(serializer)}")
+                return back
+            membership_rules.set_role(membership, serializer.validated_data["role"])
+            messages.success(request, f"{username} is now {membership.role} of {project.name}.")
+        elif op == "remove":
+            membership_rules.remove_member(membership)
+            messages.success(request, f"Removed {username} from {project.name}.")
+        else:
+            messages.error(request, "Unknown member action: use add, role or remove.")
+    except (PermissionDenied, DomainError) as exc:
+        messages.error(request, str(exc))
+    return back
 
 
 @login_required
+@require_POST
 def token_create(request):
-    return render(request, "frontend/base.html")
+    """Issue a token and show it on the page this once: only its hash is kept."""
+    serializer = TokenSerializer(data=request.POST, context={"request": request})
+    if not serializer.is_valid():
+        form = {"name": request.POST.get("name", ""),
+                "expires_in_days": request.POST.get("expires_in_days", "")}
+        return _page(request, token_form=form, token_errors=serializer.errors)
+    token = serializer.save()
+    return _page(request, new_token=token)
 
 
 @login_required
+@require_POST
 def token_revoke(request, pk):
-    return render(request, "frontend/base.html")
+    token = get_object_or_404(ApiToken, pk=pk, user=request.user)
+    token.revoke()
+    messages.success(request, f"Revoked the token {token.name} ({token.prefix}…): it no longer works.")
+    return redirect(f"{reverse('frontend:settings')}#tokens")

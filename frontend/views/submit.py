@@ -1,12 +1,201 @@
+"""Submitting a run: algorithm presets, a form generated from the RunSpec schema, a YAML view of
+the same spec, a dry run showing the device request, inline errors, and no lost input."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.shortcuts import render
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_POST
+
+from clusters.models import Cluster
+from clusters.services import fitting_clusters
+from experiments import services
+from frontend import specform
+from frontend.views.common import run_or_404, writable_experiments
+from rl_core.spec import PRESETS, SpecError, parse_spec_yaml
+
+ALGORITHMS = {
+    "grpo": "Group-relative advantages, no critic",
+    "dapo": "GRPO with clip-higher, dynamic sampling, token-level loss",
+    "ppo": "Actor-critic with GAE",
+    "dpo": "Preference pairs, no rollout reward",
+}
+
+
+class Editor:
+    """What the spec editor shows: a mode, the user's texts and the errors at their fields."""
+
+    def __init__(self, mode: str = "form", algorithm: str = "grpo", values=None, yaml_text="",
+                 run_name: str = ""):
+        self.mode, self.algorithm, self.run_name = mode, algorithm, run_name
+        self.values: dict[str, str] = values or {}
+        self.yaml_text = yaml_text
+        self.errors: dict[str, str] = {}     # by spec path, shown at the field
+        self.general: list[str] = []         # errors with no field of their own
+
+    @classmethod
+    def from_spec(cls, spec: dict, mode: str = "form") -> Editor:
+        return cls(mode, spec.get("algorithm", "grpo"), specform.form_values(spec),
+                   specform.to_yaml(spec), spec.get("name") or "")
+
+    @classmethod
+    def from_post(cls, data) -> Editor:
+        editor = cls(data.get("mode", "form"), data.get("algorithm") or "grpo",
+                     run_name=data.get("run_name", ""), yaml_text=data.get("yaml", ""))
+        editor.values = {path: data.get(f.name, "") for path, f in specform.all_fields().items()}
+        return editor
+
+    def spec(self) -> dict | None:
+        """The spec the editor holds, or None with the reasons recorded."""
+        if self.mode == "yaml":
+            try:
+                return parse_spec_yaml(self.yaml_text, "YAML")
+            except SpecError as exc:
+                self.add(exc.errors)
+                return None
+        data = {"algorithm": self.algorithm, "run_name": self.run_name,
+                **{specform.PREFIX + p: v for p, v in self.values.items()}}
+        spec, errors = specform.spec_from_form(data)
+        self.errors.update(errors)
+        return None if errors else spec
+
+    def add(self, errors: list[dict]) -> None:
+        fields = specform.all_fields()
+        for error in errors:
+            path = error["field"]
+            if self.mode == "form" and path in fields:
+                self.errors.setdefault(path, error["message"])
+            else:
+                self.general.append(f"{path}: {error['message']}" if path else error["message"])
+
+    def context(self) -> dict:
+        main, sections = specform.sections()
+        defaults = specform.defaults(self.algorithm)
+
+        def rows(fields):
+            return [{"f": f, "value": self.values.get(f.path, ""), "error": self.errors.get(f.path),
+                     "placeholder": specform.display(defaults.get(f.path), f.kind)}
+                    for f in fields]
+
+        return {
+            "editor": self, "algorithms": ALGORITHMS, "main_rows": rows(main),
+            "sections": [{"s": s, "rows": rows(s.fields),
+                          "open": s.path in specform.OPEN_SECTIONS
+                          or any(self.values.get(f.path) or f.path in self.errors for f in s.fields)}
+                         for s in sections],
+        }
+
+
+def _page(request, editor: Editor, **extra):
+    """The submit page. A form with errors comes back as 200, like any re-rendered form: a 4xx
+    would only add an error line in the browser console, and htmx would not show it."""
+    data = request.POST if request.method == "POST" else {}
+    context = {
+        **editor.context(),
+        "experiments": writable_experiments(request.user),
+        "clusters": Cluster.objects.order_by("name"),
+        "fields": {k: data.get(k, "") for k in ("experiment", "priority", "max_restarts", "cluster")},
+        "key": data.get("key") or uuid.uuid4().hex,
+        "form_errors": {},
+        **extra,
+    }
+    return render(request, "frontend/submit.html", context)
 
 
 @login_required
 def submit(request):
-    return render(request, "frontend/base.html")
+    if request.method != "POST":
+        editor, fields = Editor.from_spec({"algorithm": "grpo"}), {}
+        if request.GET.get("clone", "").isdigit():
+            source = run_or_404(request.user, int(request.GET["clone"]))
+            spec = specform.minimal(source.spec)
+            if source.name:
+                spec["name"] = f"{source.name.removesuffix(' (clone)')} (clone)"
+            editor = Editor.from_spec(spec)
+            fields = {"experiment": str(source.experiment_id), "priority": str(source.priority),
+                      "max_restarts": str(source.max_restarts),
+                      "cluster": str(source.cluster_id or "")}
+        elif request.GET.get("algorithm") in PRESETS:
+            editor = Editor.from_spec({"algorithm": request.GET["algorithm"]})
+        return _page(request, editor, **({"fields": fields} if fields else {}))
+
+    editor = Editor.from_post(request.POST)
+    form_errors = {}
+    experiment = writable_experiments(request.user).filter(pk=_int(request.POST.get("experiment"))).first()
+    if experiment is None:
+        form_errors["experiment"] = "Choose an experiment you may submit to (owner or maintainer)."
+    settings = {}
+    for name, low, high, default in (("priority", -100, 100, 0), ("max_restarts", 0, 20, 0)):
+        value = _int(request.POST.get(name), default)
+        if value is None or not low <= value <= high:
+            form_errors[name] = f"Enter a whole number from {low} to {high}."
+        settings[name] = value
+    cluster = None
+    if request.POST.get("cluster"):
+        cluster = Cluster.objects.filter(pk=_int(request.POST["cluster"])).first()
+        if cluster is None:
+            form_errors["cluster"] = "This cluster no longer exists: choose another or any."
+    spec = editor.spec()
+    if spec is None or form_errors:
+        return _page(request, editor, form_errors=form_errors)
+
+    submission = services.Submission(
+        spec=spec, name=editor.run_name.strip(), priority=settings["priority"],
+        max_restarts=settings["max_restarts"], cluster=cluster,
+        idempotency_key=f"form-{request.POST.get('key', '')}"[:128] if request.POST.get("key") else "",
+    )
+    try:
+        if request.POST.get("action") == "dry_run":
+            resolved = services.prepare(submission)
+            device_request = resolved.device_request()
+            return _page(request, editor, dry_run={
+                "request": device_request, "clusters": fitting_clusters(device_request, cluster),
+                "yaml": specform.to_yaml(resolved.model_dump(mode="json"))})
+        run, created = services.submit_run(experiment, request.user, submission)
+    except SpecError as exc:
+        editor.add(exc.errors)
+        return _page(request, editor)
+    except services.RequestError as exc:
+        return _page(request, editor, form_errors={exc.field: exc.message})
+    except services.DomainError as exc:
+        editor.general.append(f"{exc} Reload the page to submit a new run.")
+        return _page(request, editor)
+    if created:
+        messages.success(request, f"Run {run.pk} submitted: it is queued for a cluster.")
+    else:
+        messages.info(request, f"This form was already submitted as run {run.pk}: nothing new was queued.")
+    return redirect("frontend:run", pk=run.pk)
 
 
 @login_required
+@require_POST
 def convert(request):
-    return render(request, "frontend/base.html")
+    """Switch the editor between form and YAML (htmx), or re-render the form for another preset;
+    what cannot be converted stays where it is, with the reason."""
+    editor = Editor.from_post(request.POST)
+    target = request.GET.get("to", "form")
+    spec = editor.spec()
+    if spec is not None:
+        if target == "yaml":
+            editor = Editor.from_spec(spec, "yaml")
+        else:
+            unknown = specform.unplaced(spec)
+            if unknown and editor.mode == "yaml":
+                editor.general.append("These keys have no field on the form; fix or remove them "
+                                      "in YAML: " + ", ".join(unknown))
+            else:
+                editor = Editor.from_spec(spec, "form")
+    return render(request, "frontend/_spec_editor.html", editor.context())
+
+
+def _int(text, default=None):
+    text = (text or "").strip()
+    if not text:
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        return None

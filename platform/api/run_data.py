@@ -10,6 +10,7 @@ import time
 from django.conf import settings
 from django.http import StreamingHttpResponse
 from rest_framework.exceptions import APIException, ValidationError
+from rest_framework.renderers import BaseRenderer
 
 from clusters.models import Cluster
 from clusters.services import cluster_capacity
@@ -73,6 +74,19 @@ def _read(attempt: Attempt, offset: int) -> tuple[str, int]:
         parts.append(text[max(0, end - start):])
         end = stop
     return "".join(parts), end
+
+
+class EventStreamRenderer(BaseRenderer):
+    """Lets content negotiation accept `Accept: text/event-stream` (browsers' EventSource sends
+    it); the stream itself is a StreamingHttpResponse, so nothing is rendered here. Errors
+    before the stream starts (404, 403) come out as JSON text."""
+
+    media_type = "text/event-stream"
+    format = "event-stream"
+    charset = "utf-8"
+
+    def render(self, data, accepted_media_type=None, renderer_context=None):
+        return json.dumps(data).encode()
 
 
 def follow_logs(run: Run, params) -> StreamingHttpResponse:
@@ -153,6 +167,23 @@ def artifacts(run: Run) -> list[dict]:
         match = _STEP.match(row["path"])
         out.append({**row, "step": int(match.group(1)) if match else None, "url": url})
     return out
+
+
+def compare(runs: list[Run], keys: list[str], max_points: int = 500) -> dict:
+    """What the compare page needs from MLflow: every metric name the runs logged, the
+    histories of `keys` per run id, and the link to the same comparison in MLflow."""
+    tracked = [run for run in runs if run.mlflow_run_id]
+    if not tracked:
+        return {"keys": [], "history": {}, "mlflow_url": ""}
+    client, error = _tracking()
+    try:
+        names = sorted({key for run in tracked for key in client.latest_metrics(run.mlflow_run_id)})
+        history = {run.pk: {key: [list(p) for p in client.metric_history(run.mlflow_run_id, key, max_points)]
+                            for key in keys if key in names} for run in tracked}
+        url = client.compare_url([run.mlflow_run_id for run in tracked])
+    except error as exc:
+        raise TrackingUnavailable(str(exc)) from exc
+    return {"keys": names, "history": history, "mlflow_url": url}
 
 
 def utilisation(cluster: Cluster) -> dict:

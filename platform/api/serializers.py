@@ -73,7 +73,8 @@ class ClusterSerializer(serializers.ModelSerializer):
 
 class MembershipSerializer(serializers.ModelSerializer):
     username = serializers.SlugRelatedField(
-        source="user", slug_field="username", queryset=User.objects.all()
+        source="user", slug_field="username", queryset=User.objects.all(),
+        error_messages={"does_not_exist": "There is no user named {value}."},
     )
 
     class Meta:
@@ -190,7 +191,7 @@ class RunSerializer(serializers.ModelSerializer):
         model = Run
         fields = ["id", "name", "project", "experiment", "algorithm", "state", "is_terminal",
                   "priority", "device_type", "device_count", "cluster", "max_restarts",
-                  "created_by", "cloned_from", "created_at", "updated_at", "started_at",
+                  "created_by", "cloned_from", "resume_from", "created_at", "updated_at", "started_at",
                   "finished_at", "mlflow_run_id", "error", "waiting_reason", "attempts", "spec"]
         read_only_fields = fields
 

@@ -11,9 +11,11 @@ from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import PermissionDenied
 from rest_framework.permissions import IsAuthenticated
+from rest_framework.renderers import BrowsableAPIRenderer, JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from accounts import services as membership_rules
 from accounts.choices import Role
 from accounts.models import ApiToken, Membership, Project
 from api import run_data
@@ -23,7 +25,7 @@ from api.pagination import RunCursorPagination
 from api.permissions import IsStaffOrReadOnly, ProjectRole, visible_projects
 from clusters.choices import NodeState
 from clusters.models import Cluster, Node
-from clusters.services import cluster_capacity, set_node_state
+from clusters.services import fitting_clusters, set_node_state
 from experiments import services
 from experiments.models import Experiment, Run
 from rl_core.spec import PRESETS, spec_json_schema
@@ -112,13 +114,11 @@ class ProjectViewSet(viewsets.ModelViewSet):
         if request.method == "GET":
             memberships = project.memberships.select_related("user")
             return Response(s.MembershipSerializer(memberships, many=True).data)
-        self._require_owner(project)
+        membership_rules.require_owner(project, request.user)
         serializer = s.MembershipSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        user = serializer.validated_data["user"]
-        if project.memberships.filter(user=user).exists():
-            raise services.DomainError(f"{user.username} is already a member; PATCH their role instead.")
-        membership = serializer.save(project=project)
+        data = serializer.validated_data
+        membership = membership_rules.add_member(project, data["user"], data["role"])
         return Response(s.MembershipSerializer(membership).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=s.MembershipRoleSerializer, responses={200: s.MembershipSerializer, **ERRORS},
@@ -129,30 +129,15 @@ class ProjectViewSet(viewsets.ModelViewSet):
     def member(self, request, pk=None, username=None):
         """Change a member's role or remove them (owners). The last owner cannot leave."""
         project = self.get_object()
-        self._require_owner(project)
+        membership_rules.require_owner(project, request.user)
         membership = get_object_or_404(project.memberships.select_related("user"), user__username=username)
         if request.method == "DELETE":
-            self._keep_an_owner(project, membership, new_role=None)
-            membership.delete()
+            membership_rules.remove_member(membership)
             return Response(status=status.HTTP_204_NO_CONTENT)
         serializer = s.MembershipRoleSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        self._keep_an_owner(project, membership, new_role=serializer.validated_data["role"])
-        membership.role = serializer.validated_data["role"]
-        membership.save(update_fields=["role"])
+        membership = membership_rules.set_role(membership, serializer.validated_data["role"])
         return Response(s.MembershipSerializer(membership).data)
-
-    def _require_owner(self, project: Project) -> None:
-        if not project.can_admin(self.request.user):
-            raise PermissionDenied("Only the project's owners may manage its members.")
-
-    @staticmethod
-    def _keep_an_owner(project: Project, membership: Membership, new_role) -> None:
-        if membership.role == Role.OWNER and new_role != Role.OWNER:
-            if project.memberships.filter(role=Role.OWNER).count() == 1:
-                raise services.DomainError(
-                    "A project needs an owner: make another member owner first."
-                )
 
 
 # --- experiments ----------------------------------------------------------------------------
@@ -250,7 +235,7 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
             "valid": True,
             "spec": spec.model_dump(mode="json"),
             "device_request": device_request,
-            "clusters": _fitting_clusters(device_request, data.get("cluster")),
+            "clusters": fitting_clusters(device_request, data.get("cluster")),
         })
 
     @extend_schema(request=None, responses={200: s.RunSerializer, **ERRORS})
@@ -270,6 +255,13 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
         clone = services.clone_run(run, request.user, **serializer.validated_data)
         return Response(s.RunSerializer(clone).data, status=status.HTTP_201_CREATED)
 
+    @extend_schema(request=None, responses={201: s.RunSerializer, **ERRORS})
+    @action(detail=True, methods=["post"])
+    def restart(self, request, pk=None):
+        """A new QUEUED run continuing a FAILED or CANCELLED run from its latest checkpoint."""
+        restart = services.restart_run(self.get_object(), request.user)
+        return Response(s.RunSerializer(restart).data, status=status.HTTP_201_CREATED)
+
     @extend_schema(responses={200: s.RunEventSerializer(many=True)})
     @action(detail=True, methods=["get"], pagination_class=None, filter_backends=[])
     def events(self, request, pk=None):
@@ -285,7 +277,8 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
                              "then `end`) as the log grows; also with Accept: text/event-stream."),
         ],
         responses={200: s.LogPageSerializer, **ERRORS})
-    @action(detail=True, methods=["get"], pagination_class=None, filter_backends=[])
+    @action(detail=True, methods=["get"], pagination_class=None, filter_backends=[],
+            renderer_classes=[JSONRenderer, BrowsableAPIRenderer, run_data.EventStreamRenderer])
     def logs(self, request, pk=None):
         """The training job's log (stdout and stderr), read incrementally by offset."""
         run = self.get_object()
@@ -319,18 +312,6 @@ def _idempotency_key(request) -> str:
     if len(key) > 128:
         raise services.RequestError("Idempotency-Key", "Use at most 128 characters.")
     return key
-
-
-def _fitting_clusters(device_request: dict, cluster: Cluster | None) -> list[dict]:
-    kind, count = device_request["device_type"], device_request["device_count"]
-    clusters = [cluster] if cluster else Cluster.objects.all()
-    result = []
-    for candidate in clusters:
-        capacity = cluster_capacity(candidate).get(kind)
-        if capacity is not None or cluster is not None:
-            free = capacity.free if capacity else 0
-            result.append({"name": candidate.name, "free": free, "fits_now": free >= count})
-    return result
 
 
 # --- the run spec ---------------------------------------------------------------------------

@@ -74,3 +74,17 @@ def set_node_state(node: Node, state: NodeState) -> Node:
     Node.objects.filter(pk=node.pk).update(state=state)
     node.refresh_from_db()
     return node
+
+
+def fitting_clusters(device_request: dict, cluster: Cluster | None = None) -> list[dict]:
+    """Clusters offering the requested device kind (or the one asked for), with their free
+    devices now and whether the request fits at once (the dry run's answer)."""
+    kind, count = device_request["device_type"], device_request["device_count"]
+    clusters = [cluster] if cluster else Cluster.objects.all()
+    result = []
+    for candidate in clusters:
+        capacity = cluster_capacity(candidate).get(kind)
+        if capacity is not None or cluster is not None:
+            free = capacity.free if capacity else 0
+            result.append({"name": candidate.name, "free": free, "fits_now": free >= count})
+    return result

@@ -66,6 +66,11 @@ class Run(models.Model):
     cloned_from = models.ForeignKey(
         "self", on_delete=models.SET_NULL, null=True, blank=True, related_name="clones"
     )
+    resume_from = models.ForeignKey(
+        "self", on_delete=models.SET_NULL, null=True, blank=True, related_name="resumed_by",
+        help_text="A restart: this run trains on in that run's output folder, from its latest "
+                  "checkpoint.",
+    )
     idempotency_key = models.CharField(max_length=128, blank=True)
     idempotency_fingerprint = models.CharField(
         max_length=64, blank=True, help_text="SHA-256 of the submission that used the key."

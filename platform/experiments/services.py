@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -259,3 +260,30 @@ def clone_run(run: Run, user, *, overrides: Sequence[str] = (), name: str = "",
     Run.objects.filter(pk=clone.pk).update(cloned_from=run)
     clone.refresh_from_db()
     return clone
+
+
+def restart_run(run: Run, user) -> Run:
+    """A new QUEUED run that continues a failed or cancelled run from its latest checkpoint.
+
+    It trains in the same output folder as the run it restarts (the first run of a chain of
+    restarts), with the same spec and settings, so the trainer's `resume_mode: auto` picks up the
+    last checkpoint saved there. At most one run of a chain may be unfinished at a time.
+    """
+    if run.state not in (RunState.FAILED, RunState.CANCELLED):
+        raise IllegalTransition(
+            run.pk, run.state, RunState.QUEUED,
+            "Only failed or cancelled runs restart from their checkpoint: clone it instead.")
+    root = run.resume_from or run
+    chain = Run.objects.filter(Q(pk=root.pk) | Q(resume_from=root))
+    busy = chain.exclude(state__in=TERMINAL_STATES).first()
+    if busy is not None:
+        raise DomainError(f"Run {busy.pk} already continues run {root.pk}'s checkpoints and has "
+                          "not finished: wait for it or cancel it first.")
+    name = run.name.removesuffix(" (restart)")
+    submission = Submission(spec=run.spec, name=f"{name} (restart)" if name else "",
+                            priority=run.priority, max_restarts=run.max_restarts,
+                            cluster=run.cluster)
+    restart, _ = submit_run(run.experiment, user, submission)
+    Run.objects.filter(pk=restart.pk).update(cloned_from=run, resume_from=root)
+    restart.refresh_from_db()
+    return restart

@@ -34,7 +34,7 @@ def test_member_input_is_checked(clients, project):
     assert owner.post(url, {"username": "nobody", "role": "viewer"}, format="json").status_code == 400
     assert owner.post(url, {"username": "stranger", "role": "emperor"}, format="json").status_code == 400
     again = owner.post(url, {"username": "viewer", "role": "viewer"}, format="json")
-    assert again.status_code == 409 and "PATCH their role" in again.json()["detail"]
+    assert again.status_code == 409 and "already a member" in again.json()["detail"]
     assert owner.patch(f"{url}nobody/", {"role": "viewer"}, format="json").status_code == 404
 
 

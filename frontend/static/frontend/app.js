@@ -1,0 +1,193 @@
+/* Ascent web UI: live charts (uPlot), the live log tail (server-sent events), small helpers.
+   Pages are server-rendered; htmx does the partial updates; this file only adds what needs
+   script: charts and the log stream. Nothing here writes to the console on expected failures. */
+(function () {
+  "use strict";
+
+  const PALETTE = ["#2b5fd9", "#d9480f", "#2f9e44", "#ae3ec9", "#f08c00", "#0c8599", "#e64980", "#5c940d"];
+  const TERMINAL = ["SUCCEEDED", "FAILED", "CANCELLED"];
+
+  async function getJSON(url) {
+    const response = await fetch(url, {headers: {Accept: "application/json"}, credentials: "same-origin"});
+    const body = await response.json().catch(() => ({}));
+    if (!response.ok) throw new Error(body.detail || body.error || `HTTP ${response.status}`);
+    return body;
+  }
+
+  /* series: [{label, points: [[step, value], ...]}] -> uPlot data aligned on the union of steps */
+  function align(series) {
+    const steps = [...new Set(series.flatMap(s => s.points.map(p => p[0])))].sort((a, b) => a - b);
+    const index = new Map(steps.map((s, i) => [s, i]));
+    const columns = series.map(s => {
+      const column = new Array(steps.length).fill(null);
+      s.points.forEach(p => { column[index.get(p[0])] = p[1]; });
+      return column;
+    });
+    return [steps, ...columns];
+  }
+
+  /* Tick labels with as many decimals as the tick spacing needs (tiny KLs, flat entropies). */
+  function ticks(u, splits) {
+    if (splits.length < 2) return splits.map(v => String(v));
+    const step = Math.abs(splits[1] - splits[0]) || 1;
+    const big = Math.max(...splits.map(Math.abs));
+    if (big !== 0 && (big < 1e-3 || big >= 1e6)) {
+      const digits = Math.max(0, Math.min(3, Math.ceil(Math.log10(big / step))));
+      return splits.map(v => (v === 0 ? "0" : v.toExponential(digits)));
+    }
+    const decimals = Math.max(0, Math.min(8, -Math.floor(Math.log10(step))));
+    return splits.map(v => v.toFixed(decimals));
+  }
+
+  /* Draw (or redraw) one chart in `box` (.chart element); sets box.dataset.points. */
+  function draw(box, series) {
+    const plot = box.querySelector(".plot");
+    const shown = series.filter(s => s.points.length);
+    box.dataset.points = String(shown.reduce((n, s) => n + s.points.length, 0));
+    if (!shown.length || typeof uPlot === "undefined") {
+      plot.innerHTML = '<div class="none">No values yet</div>';
+      box._uplot = null;
+      return;
+    }
+    const data = align(shown);
+    const labels = shown.map(s => s.label).join("|");
+    if (box._uplot && box._labels === labels) { box._uplot.setData(data); return; }
+    if (box._uplot) box._uplot.destroy();
+    plot.innerHTML = "";
+    box._labels = labels;
+    box._uplot = new uPlot({
+      width: Math.max(plot.clientWidth || box.clientWidth - 16, 280), height: 200,
+      scales: {x: {time: false}},
+      axes: [{label: "step"}, {size: 64, values: ticks}],
+      cursor: {drag: {x: true, y: false}},
+      series: [{label: "step"}, ...shown.map((s, i) => ({
+        label: s.label, stroke: PALETTE[i % PALETTE.length], width: 1.6, spanGaps: true,
+        points: {show: s.points.length < 40},
+      }))],
+    }, data, plot);
+  }
+
+  /* --- a run's page: charts of its metrics, refreshed while it is active -------------------- */
+  function runCharts(root) {
+    const note = document.getElementById("metrics-note");
+    const boxes = [...root.querySelectorAll(".chart")];
+    const url = root.dataset.metricsUrl;
+    const state = () => (document.getElementById("run-status") || {dataset: {}}).dataset.state;
+    let last = false;
+
+    async function refresh() {
+      try {
+        const index = await getJSON(url);
+        const keysOf = box => box.dataset.keys.split(",").flatMap(k =>
+          k.endsWith("/*") ? index.keys.filter(n => n.startsWith(k.slice(0, -1))) : index.keys.includes(k) ? [k] : []);
+        const wanted = [...new Set(boxes.flatMap(keysOf))];
+        const history = wanted.length
+          ? (await getJSON(`${url}?keys=${encodeURIComponent(wanted.join(","))}&max_points=500`)).history : {};
+        boxes.forEach(box => draw(box, keysOf(box).map(k => ({label: k, points: history[k] || []}))));
+        root.dataset.loaded = "true";
+        if (note) {
+          note.innerHTML = "";
+          if (index.mlflow_url) {
+            const link = document.createElement("a");
+            link.href = index.mlflow_url; link.target = "_blank"; link.rel = "noopener";
+            link.textContent = "Open in MLflow";
+            note.appendChild(link);
+          } else {
+            note.textContent = "No metrics logged yet";
+          }
+        }
+      } catch (error) {
+        if (note) note.textContent = `Metrics unavailable: ${error.message}`;
+      }
+      if (TERMINAL.includes(state())) {
+        if (!last) { last = true; setTimeout(refresh, 1500); }  // values logged just before the end
+        return;
+      }
+      setTimeout(refresh, 4000);
+    }
+    refresh();
+  }
+
+  /* --- a run's page: the log tail, streamed as server-sent events ------------------------- */
+  function logTail(pre) {
+    const status = document.getElementById("log-state");
+    let attempt = null, offset = 0, source = null, ended = false;
+    const MAX = 200000;
+
+    const ANSI = /\u001b\[[0-9;?]*[A-Za-z]/g;  // colour codes of Ray's log prefixes
+
+    function append(text) {
+      text = text.replace(ANSI, "");
+      const atBottom = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 20;
+      let content = pre.textContent + text;
+      if (content.length > MAX) content = "…" + content.slice(-MAX);
+      pre.textContent = content;
+      if (atBottom) pre.scrollTop = pre.scrollHeight;
+    }
+
+    function open() {
+      const params = new URLSearchParams({follow: "1", offset: String(offset)});
+      if (attempt !== null) params.set("attempt", String(attempt));
+      source = new EventSource(`${pre.dataset.url}?${params}`);
+      source.onopen = () => { if (status) status.textContent = "live"; };
+      source.addEventListener("log", event => {
+        const data = JSON.parse(event.data);
+        if (attempt !== null && data.attempt !== attempt) append(`\n──── attempt ${data.attempt} ────\n`);
+        attempt = data.attempt; offset = data.offset;
+        append(data.text);
+      });
+      source.addEventListener("end", event => {
+        const data = JSON.parse(event.data);
+        source.close();
+        if (TERMINAL.includes(data.state)) {
+          ended = true;
+          if (status) status.textContent = `ended (${data.state.toLowerCase()})`;
+          pre.dataset.ended = "true";
+        } else {
+          setTimeout(open, 500);  // the server ends long streams; carry on from the offset
+        }
+      });
+      source.onerror = () => {
+        source.close();
+        if (!ended) {
+          if (status) status.textContent = "reconnecting…";
+          setTimeout(open, 3000);
+        }
+      };
+    }
+    open();
+  }
+
+  /* --- the compare page: one chart per chosen metric, a series per run (data in the page) -- */
+  function compareCharts(root) {
+    root.querySelectorAll(".chart").forEach(box => {
+      draw(box, JSON.parse(box.querySelector("script[type='application/json']").textContent));
+    });
+    root.dataset.loaded = "true";
+    const diffOnly = document.getElementById("diff-only");
+    const table = document.querySelector("table.diff");
+    if (diffOnly && table) {
+      const apply = () => table.classList.toggle("only-changed", diffOnly.checked);
+      diffOnly.addEventListener("change", apply);
+      apply();
+    }
+  }
+
+  function copyButtons() {
+    document.querySelectorAll("[data-copy]").forEach(button => button.addEventListener("click", () => {
+      const text = document.querySelector(button.dataset.copy).textContent;
+      const done = () => { button.textContent = "Copied"; setTimeout(() => { button.textContent = "Copy YAML"; }, 1500); };
+      if (navigator.clipboard) navigator.clipboard.writeText(text).then(done, () => {});
+    }));
+  }
+
+  document.addEventListener("DOMContentLoaded", () => {
+    const charts = document.getElementById("charts");
+    if (charts) runCharts(charts);
+    const log = document.getElementById("log");
+    if (log) logTail(log);
+    const compare = document.getElementById("compare-charts");
+    if (compare) compareCharts(compare);
+    copyButtons();
+  });
+})();

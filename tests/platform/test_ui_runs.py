@@ -1,0 +1,167 @@
+"""The web UI's run pages through Django's test client: list, submit, detail, cancel, restart."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from experiments.choices import RunState
+from experiments.models import Run
+from frontend import specform
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def signed_in(client, users):
+    def sign_in(name):
+        client.force_login(users[name])
+        return client
+    return sign_in
+
+
+def form(experiment, **fields):
+    data = {"experiment": experiment.pk, "key": "k1", "mode": "form", "algorithm": "grpo",
+            "spec.data.synthetic.task": "addition", "action": "submit"}
+    data.update(fields)
+    return data
+
+
+def make_run(experiment, user, state=RunState.QUEUED, **fields) -> Run:
+    spec = {"algorithm": "grpo", "data": {"synthetic": {"task": "addition"}}}
+    return Run.objects.create(experiment=experiment, spec=spec, algorithm="grpo",
+                              device_type="cpu", device_count=1, created_by=user, state=state,
+                              **fields)
+
+
+def test_pages_need_a_session(client, experiment):
+    for url in ("/runs/", "/runs/new/", "/compare/"):
+        response = client.get(url)
+        assert response.status_code == 302 and response["Location"].startswith("/sign-in/?next=")
+
+
+def test_the_list_filters_searches_and_hides_other_projects(signed_in, experiment, users):
+    mine = make_run(experiment, users["owner"], name="lr sweep a")
+    make_run(experiment, users["maintainer"], state=RunState.FAILED, name="other")
+    client = signed_in("viewer")
+    page = client.get("/runs/").content.decode()
+    assert f"/runs/{mine.pk}/" in page and "other" in page
+    page = client.get("/runs/?state=FAILED").content.decode()
+    assert "other" in page and "lr sweep a" not in page
+    page = client.get("/runs/?q=sweep&creator=owner&algorithm=grpo").content.decode()
+    assert "lr sweep a" in page and "other" not in page
+    partial = client.get("/runs/?q=nothing-matches", HTTP_HX_REQUEST="true").content.decode()
+    assert "<html" not in partial and "No run matches these filters" in partial
+    assert "No runs yet" in signed_in("stranger").get("/runs/").content.decode()
+
+
+def test_submit_from_the_form_stores_only_what_was_filled(signed_in, experiment):
+    client = signed_in("maintainer")
+    response = client.post("/runs/new/", form(experiment, **{"spec.actor.lr": "3e-4",
+                                                             "spec.trainer.total_steps": "5",
+                                                             "run_name": "from the form"}))
+    run = Run.objects.get()
+    assert response.status_code == 302 and response["Location"] == f"/runs/{run.pk}/"
+    assert run.name == "from the form" and run.spec["actor"]["lr"] == 3e-4
+    assert run.spec["trainer"]["total_steps"] == 5 and run.created_by.username == "maintainer"
+
+
+def test_a_stale_form_submitted_again_queues_nothing_new(signed_in, experiment):
+    client = signed_in("owner")
+    first = client.post("/runs/new/", form(experiment))
+    again = client.post("/runs/new/", form(experiment), follow=True)
+    assert Run.objects.count() == 1 and first["Location"] == f"/runs/{Run.objects.get().pk}/"
+    assert "already submitted as run" in again.content.decode()
+    changed = client.post("/runs/new/", form(experiment, **{"spec.actor.lr": "0.1"}))
+    assert changed.status_code == 200 and Run.objects.count() == 1
+    assert "Reload the page" in changed.content.decode()
+
+
+def test_an_invalid_value_is_shown_at_its_field_and_every_input_is_kept(signed_in, experiment):
+    client = signed_in("owner")
+    response = client.post("/runs/new/", form(experiment, **{
+        "spec.actor.lr": "-1", "spec.rollout.temperature": "warm", "run_name": "keep me"}))
+    page = response.content.decode()
+    assert response.status_code == 200 and Run.objects.count() == 0
+    assert 'data-testid="error-rollout.temperature"' in page and "Enter a number" in page
+    assert 'value="-1"' in page and 'value="warm"' in page and 'value="keep me"' in page
+    # once the form parses, the spec's own rules speak at the field
+    response = client.post("/runs/new/", form(experiment, **{"spec.actor.lr": "-1"}))
+    page = response.content.decode()
+    assert response.status_code == 200
+    assert re.search(r'data-testid="error-actor.lr">[^<]*greater than 0', page), page[:3000]
+
+
+def test_yaml_errors_stay_with_the_yaml(signed_in, experiment):
+    client = signed_in("owner")
+    bad = "algorithm: grpo\nactor:\n  lr: [1\n"
+    response = client.post("/runs/new/", {"experiment": experiment.pk, "key": "k2", "mode": "yaml",
+                                          "yaml": bad, "action": "submit"})
+    page = response.content.decode()
+    assert response.status_code == 200 and "YAML syntax error" in page and "lr: [1" in page
+    unknown = "algorithm: grpo\ndata: {synthetic: {task: addition}}\nactor: {lrr: 1}\n"
+    page = client.post("/runs/new/", {"experiment": experiment.pk, "key": "k2", "mode": "yaml",
+                                      "yaml": unknown, "action": "submit"}).content.decode()
+    assert "actor.lrr" in page and "lr" in page and Run.objects.count() == 0
+
+
+def test_the_dry_run_shows_the_device_request_and_stores_nothing(signed_in, experiment, cluster):
+    client = signed_in("owner")
+    response = client.post("/runs/new/", form(experiment, action="dry_run", **{
+        "spec.resources.device_type": "npu", "spec.resources.devices_per_node": "2"}))
+    page = response.content.decode()
+    assert response.status_code == 200 and Run.objects.count() == 0
+    assert re.search(r"Device request: <strong>2 × npu</strong>", page)
+    assert "npu-a" in page
+
+
+def test_form_and_yaml_convert_both_ways(signed_in, experiment):
+    client = signed_in("owner")
+    to_yaml = client.post("/runs/new/convert/?to=yaml", form(experiment, **{"spec.actor.lr": "0.002"}))
+    page = to_yaml.content.decode()
+    assert 'name="mode" value="yaml"' in page and "lr: 0.002" in page
+    text = "algorithm: dapo\nactor:\n  lr: 0.003\ndata:\n  synthetic:\n    task: addition\n"
+    page = client.post("/runs/new/convert/?to=form", {"mode": "yaml", "yaml": text}).content.decode()
+    assert 'name="mode" value="form"' in page and 'value="0.003"' in page
+    assert re.search(r'value="dapo" checked', page)
+
+
+def test_clone_prefills_what_differs_from_the_preset(signed_in, experiment, users):
+    spec = specform.flatten({"algorithm": "dapo", "actor": {"lr": 0.01}})
+    assert spec == {"algorithm": "dapo", "actor.lr": 0.01}
+    source = make_run(experiment, users["owner"], name="base")
+    source.spec = {**source.spec, "algorithm": "dapo", "actor": {"lr": 0.01, "weight_decay": 0.01}}
+    source.save()
+    page = signed_in("owner").get(f"/runs/new/?clone={source.pk}").content.decode()
+    assert 'value="0.01"' in page and 'value="base (clone)"' in page
+    assert re.search(r'value="dapo" checked', page)
+
+
+def test_detail_page_shows_the_run_and_hides_it_from_strangers(signed_in, experiment, users):
+    run = make_run(experiment, users["owner"], state=RunState.FAILED, error="boom")
+    page = signed_in("viewer").get(f"/runs/{run.pk}/").content.decode()
+    assert "boom" in page and 'data-testid="timeline"' in page
+    assert 'data-testid="cancel"' not in page and 'data-testid="restart"' not in page
+    assert 'data-testid="clone"' not in page
+    response = signed_in("stranger").get(f"/runs/{run.pk}/")
+    assert response.status_code == 404 and "does not exist" in response.content.decode()
+    assert signed_in("stranger").get(f"/runs/{run.pk}/status/").status_code == 404
+
+
+def test_cancel_and_restart_from_the_page(signed_in, experiment, users):
+    run = make_run(experiment, users["owner"])
+    client = signed_in("maintainer")
+    assert client.post(f"/runs/{run.pk}/cancel/").status_code == 302
+    run.refresh_from_db()
+    assert run.state == RunState.CANCELLED
+    response = client.post(f"/runs/{run.pk}/restart/")
+    restart = Run.objects.exclude(pk=run.pk).get()
+    assert response["Location"] == f"/runs/{restart.pk}/"
+    assert restart.resume_from == run and restart.cloned_from == run
+    again = client.post(f"/runs/{run.pk}/restart/", follow=True).content.decode()
+    assert "already continues" in again and Run.objects.count() == 2
+    viewer = signed_in("viewer")
+    viewer.post(f"/runs/{restart.pk}/cancel/")
+    restart.refresh_from_db()
+    assert restart.state == RunState.QUEUED
