@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.ascent-installed
 PYTEST_ARGS ?=
 
-.PHONY: install browser run test migrate constraints clean
+.PHONY: install browser run test screenshots migrate constraints clean
 
 NODE_STAMP := frontend/node_modules/.ascent-installed
 
@@ -47,6 +47,10 @@ run: migrate
 
 test: install browser
 	ASCENT_CHROMIUM=$(CHROMIUM) $(BIN)/python scripts/testenv.py -- $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The browser tests, saving their screenshots as the images of docs/ui.md and the README.
+screenshots: install browser
+	ASCENT_CHROMIUM=$(CHROMIUM) ASCENT_SCREENSHOTS_DIR=docs/images/ui $(BIN)/python scripts/testenv.py -- $(BIN)/python -m pytest tests/browser -q
 
 # Re-pin constraints.txt from the current virtual environment (after changing pyproject.toml).
 constraints: install

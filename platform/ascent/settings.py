@@ -145,7 +145,7 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATIC_ROOT = VAR_DIR / "static"
+STATIC_ROOT = Path(env_str("STATIC_ROOT", str(VAR_DIR / "static")))
 # The web UI's browser packages come from the npm registry (`make install` runs `npm ci` in
 # frontend/); only their built files are served, under static/vendor/<package>/.
 NODE_MODULES = BASE_DIR / "frontend" / "node_modules"

@@ -188,6 +188,31 @@ def test_clone_copies_the_spec_with_overrides(submit, clients):
     assert clone["created_by"] == "maintainer"
 
 
+def test_restart_continues_a_failed_run_in_its_output_folder(submit, clients, settings, tmp_path):
+    from workers.dispatch import job_spec, run_output_dir
+
+    settings.ASCENT_RUNS_DIR = tmp_path
+    run_id = submit(name="base", priority=2).json()["id"]
+    early = clients["owner"].post(f"/api/v1/runs/{run_id}/restart/")
+    assert early.status_code == 409 and "Only failed or cancelled runs" in early.json()["detail"]
+    transition(run_id, RunState.FAILED, actor="system:test", error="node lost")
+    assert clients["viewer"].post(f"/api/v1/runs/{run_id}/restart/").status_code == 403
+    response = clients["maintainer"].post(f"/api/v1/runs/{run_id}/restart/")
+    assert response.status_code == 201, response.json()
+    restart = response.json()
+    assert (restart["state"], restart["name"], restart["priority"]) == ("QUEUED", "base (restart)", 2)
+    assert restart["resume_from"] == restart["cloned_from"] == run_id
+    original = Run.objects.get(pk=run_id)
+    trainer = job_spec(Run.objects.get(pk=restart["id"]))["trainer"]
+    assert trainer["output_dir"] == str(run_output_dir(original)) and trainer["resume_mode"] == "auto"
+    # one unfinished run per chain; once it ends, a restart of the restart continues the same folder
+    busy = clients["owner"].post(f"/api/v1/runs/{run_id}/restart/")
+    assert busy.status_code == 409 and "already continues" in busy.json()["detail"]
+    clients["owner"].post(f"/api/v1/runs/{restart['id']}/cancel/")
+    again = clients["owner"].post(f"/api/v1/runs/{restart['id']}/restart/").json()
+    assert again["resume_from"] == run_id and again["name"] == "base (restart)"
+
+
 def test_a_bad_clone_override_is_a_400(submit, clients):
     run_id = submit().json()["id"]
     response = clients["owner"].post(f"/api/v1/runs/{run_id}/clone/",

@@ -33,3 +33,9 @@ def validation_gain(output_dir: Path) -> tuple[float, float]:
     evaluated = [m for m in logged if "val/accuracy" in m]
     assert evaluated[0]["step"] == 0, "the run must validate before its first step"
     return evaluated[0]["val/accuracy"], evaluated[-1]["val/accuracy"]
+
+
+def rose(before: float, after: float, by: float = 0.1) -> bool:
+    """Whether accuracy rose by at least `by`: accuracies are float32 counts over the validation
+    set (13/20 is logged as 0.6499999...), so a gain of exactly `by` must count."""
+    return after - before >= by - 1e-6

@@ -74,10 +74,11 @@ class Command(BaseCommand):
         run = self._submit()
         self.stdout.write(
             "\nAscent is up:\n"
-            f"  UI and API   {web}/api/v1/   (docs: {web}/api/docs/)\n"
+            f"  Web UI       {web}/   (sign in as admin: password in the credentials file)\n"
+            f"  API          {web}/api/v1/   (docs: {web}/api/docs/)\n"
             f"  MLflow       {settings.MLFLOW_TRACKING_URI}\n"
             f"  Ray          {ray_dashboard}\n"
-            f"  Demo run     {web}/api/v1/runs/{run.pk}/  (logs: .../logs/, metrics: .../metrics/)\n"
+            f"  Demo run     {web}/runs/{run.pk}/   (API: {web}/api/v1/runs/{run.pk}/)\n"
             f"  Credentials  {settings.VAR_DIR / 'admin-credentials'}\n")
         self._follow(run, exit)
 
