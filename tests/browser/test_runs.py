@@ -193,3 +193,31 @@ def test_a_viewer_sees_no_write_buttons(page, team, sign_in):
     page.goto("/runs/new/")
     expect(page.get_by_test_id("cannot-submit")).to_be_visible()
     expect(page.get_by_role("button", name="Submit run")).to_have_count(0)
+
+
+def test_a_form_sent_again_from_the_back_button_queues_nothing_new(page, team, sign_in):
+    sign_in(team["users"]["owner"])
+    page.goto("/runs/new/")
+    page.get_by_label("Run name").fill("only once")
+    field(page, "data.synthetic.task").select_option("addition")
+    page.get_by_role("button", name="Submit run").click()
+    expect(page).to_have_url(re.compile(r"/runs/\d+/$"))
+    run = Run.objects.get()
+    page.go_back()
+    expect(page.get_by_label("Run name")).to_have_value("only once")
+    page.get_by_role("button", name="Submit run").click()
+    expect(page).to_have_url(re.compile(rf"/runs/{run.pk}/$"))
+    expect(page.locator(".messages")).to_contain_text(f"already submitted as run {run.pk}")
+    # Changed and sent again, the stale form is refused with the way out; a fresh form works.
+    page.go_back()
+    page.get_by_label("Run name").fill("changed")
+    page.get_by_role("button", name="Submit run").click()
+    expect(page.get_by_test_id("spec-errors")).to_contain_text("Reload the page")
+    expect(page.get_by_label("Run name")).to_have_value("changed")
+    assert Run.objects.count() == 1
+    page.goto("/runs/new/")
+    page.get_by_label("Run name").fill("changed")
+    field(page, "data.synthetic.task").select_option("addition")
+    page.get_by_role("button", name="Submit run").click()
+    expect(page.locator(".messages")).to_contain_text("submitted: it is queued")
+    assert Run.objects.count() == 2

@@ -181,6 +181,28 @@
     }));
   }
 
+  /* The submit form's idempotency key survives the back button: a browser that reloads the page
+     on "back" gets a new form from the server but restores what was typed, so the key of the
+     form last sent from this address is put back too, and the server answers with the run that
+     form already made instead of queueing a second one. */
+  function keepFormKey(form) {
+    const input = form.querySelector('input[name="key"]');
+    if (!input) return;
+    const slot = `ascent:form-key:${location.pathname}${location.search}`;
+    const navigation = performance.getEntriesByType("navigation")[0];
+    try {
+      const saved = sessionStorage.getItem(slot);
+      if (saved && navigation && navigation.type === "back_forward") input.value = saved;
+      form.addEventListener("submit", () => sessionStorage.setItem(slot, input.value));
+    } catch (error) { /* storage disabled: the server-side key still guards double clicks */ }
+  }
+
+  /* A page restored by the back button may be sent again: the server then answers with the run
+     that form already made (each form carries its own idempotency key). */
+  window.addEventListener("pageshow", event => {
+    if (event.persisted) document.querySelectorAll("form[data-sent]").forEach(f => { delete f.dataset.sent; });
+  });
+
   document.addEventListener("DOMContentLoaded", () => {
     const charts = document.getElementById("charts");
     if (charts) runCharts(charts);
@@ -189,5 +211,7 @@
     const compare = document.getElementById("compare-charts");
     if (compare) compareCharts(compare);
     copyButtons();
+    const submitForm = document.getElementById("submit-form");
+    if (submitForm) keepFormKey(submitForm);
   });
 })();
