@@ -13,22 +13,51 @@ from django.views.decorators.http import require_POST
 
 from api.run_data import TrackingUnavailable, artifacts
 from experiments import services
-from experiments.choices import TERMINAL_STATES, RunState
+from experiments.choices import ACTIVE_STATES, TERMINAL_STATES, RunState
 from experiments.models import Experiment
 from frontend.views.common import can_write_run, is_htmx, ordered_spec, run_or_404, visible_runs
 from rl_core.spec import PRESETS, SpecError
 
 SORTS = {"newest": "-created_at", "oldest": "created_at", "priority": "-priority",
          "name": "name", "state": "state"}
-# The charts of a run's page: (title, metric keys); `timing/*` collects every stage's time.
-CHARTS = [
+# The charts of a run's page: (title, metric keys); `prefix/*` collects every key under it.
+RL_CHARTS = [
     ("Reward", ["reward/mean"]),
     ("KL", ["actor/kl_loss", "actor/ppo_kl"]),
     ("Entropy", ["actor/entropy"]),
     ("Response length", ["response_length/mean", "response_length/max"]),
+]
+DPO_CHARTS = [
+    ("DPO loss", ["dpo/loss"]),
+    ("Preference accuracy", ["dpo/rewards/accuracies"]),
+    ("Reward margin", ["dpo/rewards/margins"]),
+    ("Chosen / rejected reward", ["dpo/rewards/chosen", "dpo/rewards/rejected"]),
+]
+COMMON_CHARTS = [
     ("Throughput (tokens/s)", ["perf/tokens_per_s"]),
     ("Stage timings (s)", ["timing/*"]),
+    ("Validation accuracy", ["val/accuracy"]),
 ]
+
+
+def charts_for(run) -> list[tuple[str, list[str]]]:
+    """The charts of the run's algorithm (a chart whose metrics a finished run never logged is
+    hidden by the page)."""
+    charts = list(DPO_CHARTS if run.algorithm == "dpo" else RL_CHARTS)
+    if (run.spec.get("critic") or {}).get("enable"):
+        charts.append(("Critic value loss", ["critic/vf_loss"]))
+    return charts + COMMON_CHARTS
+
+
+def chosen_states(params) -> list[str]:
+    """`state` may repeat or hold a comma-separated list; `active` stands for every state in
+    which a run may hold devices."""
+    states = []
+    for value in params.getlist("state"):
+        for state in value.split(","):
+            names = sorted(ACTIVE_STATES) if state == "active" else [state] if state in RunState else []
+            states.extend(s for s in names if s not in states)
+    return states
 
 
 @login_required
@@ -36,8 +65,9 @@ def run_list(request):
     """Runs the user may see, filtered by state, experiment, creator, algorithm and a search."""
     params = request.GET
     runs = visible_runs(request.user)
-    if params.get("state"):
-        runs = runs.filter(state__in=params.getlist("state"))
+    states = chosen_states(params)
+    if states:
+        runs = runs.filter(state__in=states)
     if params.get("experiment", "").isdigit():
         runs = runs.filter(experiment_id=int(params["experiment"]))
     if params.get("creator"):
@@ -54,8 +84,9 @@ def run_list(request):
     visible = visible_runs(request.user)
     context = {
         "page": page, "sort": sort, "sorts": list(SORTS), "query": query,
-        "states": list(RunState), "algorithms": list(PRESETS),
-        "chosen": {"state": params.getlist("state"), "experiment": params.get("experiment", ""),
+        "states": [(s.value, s.label) for s in RunState], "algorithms": list(PRESETS),
+        "active": ",".join(sorted(ACTIVE_STATES)),
+        "chosen": {"state": ",".join(sorted(states)), "experiment": params.get("experiment", ""),
                    "creator": params.get("creator", ""), "algorithm": params.get("algorithm", "")},
         "experiments": Experiment.objects.filter(runs__in=visible).distinct()
         .select_related("project").order_by("project__name", "name"),
@@ -84,7 +115,7 @@ def run_detail(request, pk: int):
     context = _detail_context(request, run)
     context.update({
         "spec_yaml": yaml.safe_dump(ordered_spec(run.spec), sort_keys=False, allow_unicode=True),
-        "charts": CHARTS,
+        "charts": charts_for(run),
         "clones": visible_runs(request.user).filter(cloned_from=run).order_by("created_at"),
     })
     return render(request, "frontend/run.html", context)

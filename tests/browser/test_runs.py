@@ -176,6 +176,22 @@ def test_an_invalid_spec_shows_the_error_at_its_field_and_keeps_the_input(page, 
     assert Run.objects.count() == 0
 
 
+def test_the_runs_list_follows_states_and_keeps_what_is_ticked(page, team, sign_in):
+    owner = team["users"]["owner"]
+    submission = services.Submission(spec=tiny_run(2), name="watched")
+    first, _ = services.submit_run(team["experiment"], owner, submission)
+    sign_in(owner)
+    page.goto("/runs/?state=QUEUED&state=CANCELLED")
+    expect(page.get_by_test_id(f"run-row-{first.pk}")).to_contain_text("Queued")
+    page.get_by_label(f"Select run {first.pk} to compare").check()
+    second, _ = services.submit_run(team["experiment"], owner, services.Submission(
+        spec=tiny_run(2), name="later"))
+    services.cancel_run(first, owner)
+    expect(page.get_by_test_id(f"run-row-{first.pk}")).to_contain_text("Cancelled", timeout=15_000)
+    expect(page.get_by_test_id(f"run-row-{second.pk}")).to_contain_text("Queued")
+    expect(page.get_by_label(f"Select run {first.pk} to compare")).to_be_checked()
+
+
 def test_a_viewer_sees_no_write_buttons(page, team, sign_in):
     owner = team["users"]["owner"]
     run, _ = services.submit_run(team["experiment"], owner, services.Submission(
@@ -183,7 +199,7 @@ def test_a_viewer_sees_no_write_buttons(page, team, sign_in):
     services.cancel_run(run, owner)
     sign_in(team["users"]["viewer"])
     page.goto("/runs/")
-    expect(page.get_by_test_id(f"run-row-{run.pk}")).to_be_visible()
+    expect(page.get_by_test_id(f"run-row-{run.pk}")).to_contain_text("Cancelled")
     expect(page.get_by_role("link", name="Submit a run")).to_have_count(0)
     expect(page.get_by_role("link", name="Submit", exact=True)).to_have_count(0)
     page.goto(f"/runs/{run.pk}/")

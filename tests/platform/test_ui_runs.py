@@ -28,9 +28,9 @@ def form(experiment, **fields):
     return data
 
 
-def make_run(experiment, user, state=RunState.QUEUED, **fields) -> Run:
-    spec = {"algorithm": "grpo", "data": {"synthetic": {"task": "addition"}}}
-    return Run.objects.create(experiment=experiment, spec=spec, algorithm="grpo",
+def make_run(experiment, user, state=RunState.QUEUED, algorithm="grpo", **fields) -> Run:
+    spec = {"algorithm": algorithm, "data": {"synthetic": {"task": "addition"}}}
+    return Run.objects.create(experiment=experiment, spec=spec, algorithm=algorithm,
                               device_type="cpu", device_count=1, created_by=user, state=state,
                               **fields)
 
@@ -49,6 +49,14 @@ def test_the_list_filters_searches_and_hides_other_projects(signed_in, experimen
     assert f"/runs/{mine.pk}/" in page and "other" in page
     page = client.get("/runs/?state=FAILED").content.decode()
     assert "other" in page and "lr sweep a" not in page
+    running = make_run(experiment, users["owner"], state=RunState.RUNNING, name="busy")
+    page = client.get("/runs/?state=active").content.decode()
+    assert "busy" in page and "other" not in page and "lr sweep a" not in page
+    assert re.search(r'<option value="[A-Z,]+" selected>Active', page)
+    page = client.get("/runs/?state=FAILED,RUNNING&state=bogus").content.decode()
+    assert "busy" in page and "other" in page and "lr sweep a" not in page
+    assert '<option value="FAILED,RUNNING" selected>failed,running</option>' in page
+    running.delete()
     page = client.get("/runs/?q=sweep&creator=owner&algorithm=grpo").content.decode()
     assert "lr sweep a" in page and "other" not in page
     partial = client.get("/runs/?q=nothing-matches", HTTP_HX_REQUEST="true").content.decode()
@@ -147,6 +155,24 @@ def test_detail_page_shows_the_run_and_hides_it_from_strangers(signed_in, experi
     response = signed_in("stranger").get(f"/runs/{run.pk}/")
     assert response.status_code == 404 and "does not exist" in response.content.decode()
     assert signed_in("stranger").get(f"/runs/{run.pk}/status/").status_code == 404
+
+
+def test_the_charts_follow_the_algorithm(signed_in, experiment, users):
+    grpo = make_run(experiment, users["owner"])
+    ppo = make_run(experiment, users["owner"], algorithm="ppo")
+    ppo.spec = {**ppo.spec, "algorithm": "ppo", "critic": {"enable": True}}
+    ppo.save()
+    dpo = make_run(experiment, users["owner"], algorithm="dpo")
+    client = signed_in("viewer")
+
+    def titles(run):
+        return re.findall(r'<div class="chart" data-keys="[^"]*" data-testid="[^"]*">\s*<h3>([^<]+)</h3>',
+                          client.get(f"/runs/{run.pk}/").content.decode())
+
+    assert titles(grpo)[:4] == ["Reward", "KL", "Entropy", "Response length"]
+    assert "Critic value loss" in titles(ppo) and "Critic value loss" not in titles(grpo)
+    assert titles(dpo)[:2] == ["DPO loss", "Preference accuracy"] and "KL" not in titles(dpo)
+    assert "Stage timings (s)" in titles(dpo)
 
 
 def test_cancel_and_restart_from_the_page(signed_in, experiment, users):

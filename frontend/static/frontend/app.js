@@ -83,7 +83,12 @@
         const wanted = [...new Set(boxes.flatMap(keysOf))];
         const history = wanted.length
           ? (await getJSON(`${url}?keys=${encodeURIComponent(wanted.join(","))}&max_points=500`)).history : {};
-        boxes.forEach(box => draw(box, keysOf(box).map(k => ({label: k, points: history[k] || []}))));
+        const ended = TERMINAL.includes(state());
+        boxes.forEach(box => {
+          const keys = keysOf(box);
+          box.hidden = ended && !keys.length;  // nothing of it was logged, and nothing will be
+          draw(box, keys.map(k => ({label: k, points: history[k] || []})));
+        });
         root.dataset.loaded = "true";
         if (note) {
           note.innerHTML = "";
