@@ -119,7 +119,7 @@ def flatten(spec: dict, prefix: str = "") -> dict[str, Any]:
     flat: dict[str, Any] = {}
     for key, value in spec.items():
         path = f"{prefix}{key}"
-        if isinstance(value, dict) and value and path in _OBJECT_PATHS():
+        if isinstance(value, dict) and value and path in _object_paths():
             flat.update(flatten(value, path + "."))
         else:
             flat[path] = value
@@ -127,7 +127,8 @@ def flatten(spec: dict, prefix: str = "") -> dict[str, Any]:
 
 
 @cache
-def _OBJECT_PATHS() -> frozenset[str]:  # noqa: N802 - a cached constant
+def _object_paths() -> frozenset[str]:
+    """Dotted paths of the objects that hold fields (flatten descends into these only)."""
     paths = set()
     for path in all_fields():
         parts = path.split(".")

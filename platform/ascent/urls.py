@@ -19,3 +19,5 @@ urlpatterns = [
     path("api/auth/", include("rest_framework.urls")),
     path("", include("frontend.urls")),
 ]
+
+handler404 = "frontend.middleware.page_not_found"

@@ -191,3 +191,12 @@ def test_cancel_and_restart_from_the_page(signed_in, experiment, users):
     viewer.post(f"/runs/{restart.pk}/cancel/")
     restart.refresh_from_db()
     assert restart.state == RunState.QUEUED
+
+
+def test_unknown_addresses_are_404s_in_the_shape_of_their_side(client, users, settings):
+    settings.DEBUG = False
+    client.force_login(users["owner"])
+    page = client.get("/no-such-page/")
+    assert page.status_code == 404 and "Nothing here at /no-such-page/" in page.content.decode()
+    api = client.get("/api/v1/no-such-endpoint/")
+    assert api.status_code == 404 and api.json()["error"] == "not_found"
