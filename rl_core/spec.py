@@ -581,10 +581,10 @@ class RunSpec(_Strict):
 
     def flat_params(self) -> dict[str, str]:
         """Every leaf as `dotted.key -> text` (list items by index), for MLflow params."""
-        return _flatten(self.model_dump(mode="json"))
+        return flatten_params(self.model_dump(mode="json"))
 
 
-def _flatten(value: Any, prefix: str = "") -> dict[str, str]:
+def flatten_params(value: Any, prefix: str = "") -> dict[str, str]:
     """Leaves of nested dicts and lists as dotted keys; non-text values as JSON."""
     if isinstance(value, dict) and value:
         items: Iterable[tuple[Any, Any]] = value.items()
@@ -594,7 +594,7 @@ def _flatten(value: Any, prefix: str = "") -> dict[str, str]:
         return {prefix: value if isinstance(value, str) else json.dumps(value)}
     flat: dict[str, str] = {}
     for key, item in items:
-        flat.update(_flatten(item, f"{prefix}.{key}" if prefix else str(key)))
+        flat.update(flatten_params(item, f"{prefix}.{key}" if prefix else str(key)))
     return flat
 
 
@@ -1125,7 +1125,7 @@ def spec_reference_markdown() -> str:
             lines += _table(field.annotation, f"{name}.")
     lines += ["", "## Presets", "", "What each algorithm fills in where the spec is silent.", ""]
     for algorithm, preset in PRESETS.items():
-        values = ", ".join(f"`{key}: {value}`" for key, value in _flatten(preset).items())
+        values = ", ".join(f"`{key}: {value}`" for key, value in flatten_params(preset).items())
         lines.append(f"- **{algorithm}**: {values}")
     lines += ["", "## Cross-field rules", ""]
     lines += [f"- {_summary(rule.__doc__)}" for rule in _RULES]

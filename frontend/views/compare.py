@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
-
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import render
 
 from api.run_data import TrackingUnavailable, compare as tracked_metrics
 from frontend.views.common import ordered_spec, visible_runs
+from rl_core.spec import flatten_params
 
 DEFAULT_METRICS = ["reward/mean", "actor/kl_loss", "response_length/mean", "actor/entropy"]
 MAX_RUNS = 10
@@ -24,23 +23,9 @@ def _ids(params) -> list[int]:
     return ids[:MAX_RUNS]
 
 
-def _leaves(value, prefix: str = "") -> dict[str, str]:
-    """Every leaf of a spec as a dotted path and its JSON text (lists index by position)."""
-    if isinstance(value, dict) and value:
-        items = value.items()
-    elif isinstance(value, list) and value:
-        items = enumerate(value)
-    else:
-        return {prefix: json.dumps(value)}
-    out = {}
-    for key, item in items:
-        out.update(_leaves(item, f"{prefix}.{key}" if prefix else str(key)))
-    return out
-
-
 def spec_diff(runs) -> list[dict]:
     """Rows of (path, value per run, changed), every path of any run, in spec order."""
-    leaves = [_leaves(ordered_spec(run.spec)) for run in runs]
+    leaves = [flatten_params(ordered_spec(run.spec)) for run in runs]
     paths = list(dict.fromkeys(path for flat in leaves for path in flat))
     rows = []
     for path in paths:

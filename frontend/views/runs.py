@@ -124,7 +124,8 @@ def run_detail(request, pk: int):
 @login_required
 def run_status(request, pk: int):
     """The state header and timeline, polled by the run's page while the run is active."""
-    return render(request, "frontend/_run_status.html", _detail_context(request, run_or_404(request.user, pk)))
+    run = run_or_404(request.user, pk)
+    return render(request, "frontend/_run_status.html", _detail_context(request, run))
 
 
 @login_required

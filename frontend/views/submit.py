@@ -89,7 +89,7 @@ class Editor:
         }
 
 
-def _page(request, editor: Editor, **extra):
+def _page(request, editor: Editor, fields: dict | None = None, **extra):
     """The submit page. A form with errors comes back as 200, like any re-rendered form: a 4xx
     would only add an error line in the browser console, and htmx would not show it."""
     data = request.POST if request.method == "POST" else {}
@@ -97,7 +97,8 @@ def _page(request, editor: Editor, **extra):
         **editor.context(),
         "experiments": writable_experiments(request.user),
         "clusters": Cluster.objects.order_by("name"),
-        "fields": {k: data.get(k, "") for k in ("experiment", "priority", "max_restarts", "cluster")},
+        "fields": fields or {k: data.get(k, "") for k in ("experiment", "priority", "max_restarts",
+                                                         "cluster")},
         "key": data.get("key") or uuid.uuid4().hex,
         "form_errors": {},
         **extra,
@@ -120,7 +121,7 @@ def submit(request):
                       "cluster": str(source.cluster_id or "")}
         elif request.GET.get("algorithm") in PRESETS:
             editor = Editor.from_spec({"algorithm": request.GET["algorithm"]})
-        return _page(request, editor, **({"fields": fields} if fields else {}))
+        return _page(request, editor, fields)
 
     editor = Editor.from_post(request.POST)
     form_errors = {}
@@ -142,10 +143,11 @@ def submit(request):
     if spec is None or form_errors:
         return _page(request, editor, form_errors=form_errors)
 
+    key = request.POST.get("key", "").strip()
     submission = services.Submission(
         spec=spec, name=editor.run_name.strip(), priority=settings["priority"],
         max_restarts=settings["max_restarts"], cluster=cluster,
-        idempotency_key=f"form-{request.POST.get('key', '')}"[:128] if request.POST.get("key") else "",
+        idempotency_key=f"form-{key}"[:128] if key else "",
     )
     try:
         if request.POST.get("action") == "dry_run":

@@ -178,7 +178,8 @@ def compare(runs: list[Run], keys: list[str], max_points: int = 500) -> dict:
     client, error = _tracking()
     try:
         names = sorted({key for run in tracked for key in client.latest_metrics(run.mlflow_run_id)})
-        history = {run.pk: {key: [list(p) for p in client.metric_history(run.mlflow_run_id, key, max_points)]
+        history = {run.pk: {key: [list(p) for p in
+                                  client.metric_history(run.mlflow_run_id, key, max_points)]
                             for key in keys if key in names} for run in tracked}
         url = client.compare_url([run.mlflow_run_id for run in tracked])
     except error as exc:

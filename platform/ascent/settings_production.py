@@ -21,7 +21,9 @@ SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
 # gunicorn serves no files: WhiteNoise serves the collected static files (`manage.py collectstatic`
 # into STATIC_ROOT, done by the image build) with far-future cache headers.
-MIDDLEWARE = [*MIDDLEWARE[:2], "whitenoise.middleware.WhiteNoiseMiddleware", *MIDDLEWARE[2:]]  # noqa: F405
+_after = MIDDLEWARE.index("django.middleware.security.SecurityMiddleware") + 1  # noqa: F405
+MIDDLEWARE = [*MIDDLEWARE[:_after], "whitenoise.middleware.WhiteNoiseMiddleware",  # noqa: F405
+              *MIDDLEWARE[_after:]]  # noqa: F405
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
