@@ -9,13 +9,14 @@ does not parse is an error at its field, and nothing else is lost.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field, replace
 from functools import cache
 from typing import Any
 
 import yaml
 
-from rl_core.spec import PRESETS, spec_json_schema
+from rl_core.spec import PRESETS, SpecError, load_yaml, spec_json_schema
 
 PREFIX = "spec."
 # Shown above the sections: what nearly every run sets.
@@ -166,9 +167,12 @@ def _parse(f: Field, text: str) -> Any:
             raise ValueError(f"Enter a whole number, not {text!r}.") from None
     if f.kind == "number":
         try:
-            return float(text)
+            value = float(text)
         except ValueError:
             raise ValueError(f"Enter a number (e.g. 1e-5), not {text!r}.") from None
+        if not math.isfinite(value):
+            raise ValueError(f"Enter a finite number (e.g. 1e-5), not {text!r}.")
+        return value
     if f.kind == "boolean":
         if text not in ("true", "false"):
             raise ValueError("Choose true or false.")
@@ -177,9 +181,9 @@ def _parse(f: Field, text: str) -> Any:
         return [item.strip() for item in text.split(",") if item.strip()]
     if f.kind == "json":
         try:
-            return yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise ValueError(f"Enter JSON or YAML: {str(exc).splitlines()[0]}") from None
+            return load_yaml(text, "Enter JSON or YAML")
+        except SpecError as exc:
+            raise ValueError(str(exc)) from None
     return text
 
 

@@ -3,7 +3,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from frontend.views import clusters, compare, dashboard, runs, settings, submit
+from frontend.views import audit, clusters, compare, dashboard, runs, settings, submit
 
 app_name = "frontend"
 
@@ -22,9 +22,12 @@ urlpatterns = [
     path("runs/<int:pk>/restart/", runs.run_restart, name="run-restart"),
     path("compare/", compare.compare, name="compare"),
     path("clusters/", clusters.cluster_list, name="clusters"),
+    path("audit/", audit.audit_log, name="audit"),
     path("clusters/nodes/<int:pk>/<str:action>/", clusters.node_action, name="node-action"),
     path("settings/", settings.settings_page, name="settings"),
     path("settings/projects/<int:pk>/members/", settings.member_action, name="member-action"),
+    path("settings/invitations/<int:pk>/<str:answer>/", settings.invitation_answer,
+         name="invitation-answer"),
     path("settings/tokens/", settings.token_create, name="token-create"),
     path("settings/tokens/<int:pk>/revoke/", settings.token_revoke, name="token-revoke"),
 ]

@@ -9,8 +9,12 @@
 `RAY_ADDRESS` names a cluster (as inside a Ray job) or the spec asks for more than one device,
 starting a local Ray when none is named; otherwise everything runs in this process.
 
-Exit status: 0 on success; 2 for a spec or input error, which a retry cannot fix; 1 for any other
-failure. The last line on stderr always says why a run ended badly, in one line.
+Before anything is read, the spec's paths (eval: the checkpoint and data) are checked against
+the cluster's path policy when the platform passes one in ASCENT_PATH_POLICY (rl_core.paths).
+
+Exit status: 0 on success; 2 for a spec or input error (a path outside the policy too), which a
+retry cannot fix; 1 for any other failure. The last line on stderr always says why a run ended
+badly, in one line.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import sys
 import traceback
 from collections.abc import Callable
 
+from rl_core.paths import enforce_at_job
 from rl_core.spec import SpecError, load_spec
 
 EXIT_INPUT = 2
@@ -72,6 +77,7 @@ def choose_backend(requested: str, spec) -> str:
 def _train(args: argparse.Namespace) -> int:
     def work():
         spec = load_spec(args.spec, args.overrides)
+        enforce_at_job(spec)
         if spec.algorithm == "dpo":
             from rl_core.dpo import DPOTrainer as trainer_class
         else:
@@ -84,9 +90,11 @@ def _train(args: argparse.Namespace) -> int:
 
 def _sft(args: argparse.Namespace) -> int:
     def work():
+        spec = load_spec(args.spec, args.overrides)
+        enforce_at_job(spec)
         from rl_core.sft import SFTTrainer
 
-        _print_summary(SFTTrainer(load_spec(args.spec, args.overrides)).fit())
+        _print_summary(SFTTrainer(spec).fit())
 
     return run_guarded(work)
 
@@ -97,6 +105,7 @@ def _print_summary(summary: dict[str, float]) -> None:
 
 def _eval(args: argparse.Namespace) -> int:
     def work():
+        enforce_at_job(named=[("checkpoint", "model", args.checkpoint), ("data", "data", args.data)])
         from rl_core.evaluate_cli import evaluate_checkpoint
 
         result = evaluate_checkpoint(args.checkpoint, args.data, k=args.k, template=args.template,

@@ -8,6 +8,10 @@ can validate a spec without torch.
 A spec is resolved in three steps (`resolve_spec`): dotted overrides are applied to the user's
 mapping, the algorithm's preset fills what the user left out, and the model validates field
 types, then cross-field rules (`_RULES`) whose messages say what to change.
+
+Every source of a spec meets the same limits (`MAX_*` below): YAML is read without anchors,
+aliases or tags (`load_yaml`), the raw mapping is bounded in depth, values and bytes
+(`check_spec_bounds`), floats are finite and every number has a plausible upper bound.
 """
 
 from __future__ import annotations
@@ -15,13 +19,24 @@ from __future__ import annotations
 import copy
 import difflib
 import json
+import math
 import types
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    JsonValue,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined, to_jsonable_python
 
@@ -41,10 +56,109 @@ LossAggMode = Literal[
 # Estimators whose baseline comes from the other responses to the same prompt.
 GROUP_ESTIMATORS = frozenset({"grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline"})
 
+Violation = tuple[str, str]  # (field path, message)
+
+# --------------------------------------------------------------------------- limits
+# A spec is a small document: these bound what any source (JSON body, overrides, YAML) may send.
+
+MAX_YAML_CHARS = 65_536  # characters of YAML text read at once (a spec file, an override value)
+MAX_SPEC_DEPTH = 16  # nesting levels of mappings and lists; the top-level mapping is level 1
+MAX_SPEC_NODES = 4_000  # mappings, list items and scalars in one spec
+MAX_SPEC_BYTES = 65_536  # the spec serialized as JSON
+MAX_KWARGS_DEPTH = 8  # nesting levels inside one reward function's kwargs
+MAX_KWARGS_NODES = 1_000  # mappings, list items and scalars in one reward function's kwargs
+MAX_KWARGS_BYTES = 16_384  # one reward function's kwargs serialized as JSON
+MAX_INT = 2**63  # every integer of a spec is below this (64-bit signed)
+
+# Plausible upper bounds of the numeric fields.
+MAX_NODES = 4_096  # resources.num_nodes
+MAX_DEVICES_PER_NODE = 64  # resources.devices_per_node
+MAX_DEVICES = MAX_NODES * MAX_DEVICES_PER_NODE  # devices in one run
+MAX_PARALLEL = 1_024  # tensor, pipeline and context parallel sizes
+MAX_STEPS = 10_000_000  # steps, warmups, intervals, horizons
+MAX_EPOCHS = 10_000  # trainer.total_epochs
+MAX_TOKENS = 131_072  # prompt and response lengths
+MAX_TOKEN_BUDGET = 1_048_576  # tokens of one dynamic micro-batch
+MAX_BATCH = 16_384  # prompts in a batch
+MAX_MICRO_BATCH = 4_096  # responses per device per forward
+MAX_SAMPLES = 1_024  # responses per prompt
+MAX_LIST = 1_024  # items of a list of steps, ranks, files or module names
+
+
+def _scan(value: Any, max_depth: int, max_nodes: int, json_only: bool = False) -> Violation | None:
+    """The first (dotted path, problem) of a nested value beyond the bounds, found without
+    recursion; None when it fits. `json_only` also refuses non-text keys, inf, nan and integers
+    of more than 64 bits. Every mapping, list and scalar counts as one value."""
+    stack: list[tuple[tuple[str, ...], Any, int]] = [((), value, 1)]
+    nodes = 1
+    while stack:
+        path, node, depth = stack.pop()
+        where = ".".join(path)
+        if isinstance(node, Mapping):
+            children: Iterable[tuple[Any, Any]] = node.items()
+        elif isinstance(node, list | tuple):
+            children = enumerate(node)
+        else:
+            problem = _scalar_problem(node) if json_only else None
+            if problem:
+                return where, problem
+            continue
+        if depth > max_depth:
+            return where, f"nested deeper than the limit of {max_depth} levels: flatten it"
+        nodes += len(node)
+        if nodes > max_nodes:
+            return "", (
+                f"more than the limit of {max_nodes} values (mappings, list items and scalars): "
+                "make it smaller; large data belongs in files"
+            )
+        for key, child in children:
+            if json_only and isinstance(node, Mapping) and not isinstance(key, str):
+                return where, f"key {key!r} must be text: quote it"
+            stack.append(((*path, str(key)), child, depth + 1))
+    return None
+
+
+def _scalar_problem(value: Any) -> str | None:
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{value} is not a finite number: use a finite number"
+    if isinstance(value, int) and not isinstance(value, bool) and not -MAX_INT <= value < MAX_INT:
+        return f"integers must fit in 64 bits (below {MAX_INT}): use a smaller number"
+    return None
+
+
+def _bounded_json(value: Any) -> Any:
+    """Reward kwargs: JSON values within depth, count and size limits (checked before typing)."""
+    problem = _scan(value, MAX_KWARGS_DEPTH, MAX_KWARGS_NODES, json_only=True)
+    if problem:
+        where, message = problem
+        raise ValueError(f"{where}: {message}" if where else message)
+    size = len(json.dumps(value, default=str))
+    if size > MAX_KWARGS_BYTES:
+        raise ValueError(
+            f"{size} bytes as JSON, more than the limit of {MAX_KWARGS_BYTES}: pass less, or a "
+            "file name the function reads"
+        )
+    return value
+
+
+# A mapping of JSON values with text keys (finite numbers, bounded depth and size).
+JsonMapping = Annotated[dict[str, JsonValue], BeforeValidator(_bounded_json)]
+
 
 class _Strict(BaseModel):
-    # Unknown keys are errors; numbers given for text fields (name: 2024) become text.
-    model_config = ConfigDict(extra="forbid", coerce_numbers_to_str=True)
+    # Unknown keys are errors; numbers given for text fields (name: 2024) become text; floats
+    # are finite (inf and nan are refused).
+    model_config = ConfigDict(extra="forbid", coerce_numbers_to_str=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _whole_float_as_int(cls, value: Any, info: ValidationInfo) -> Any:
+        """1e30 for an integer field is the integer 10**30, so its bound check says the limit."""
+        field = cls.model_fields.get(info.field_name or "")
+        if isinstance(value, float) and value.is_integer() and field is not None:
+            if _without_none(field.annotation) is int:
+                return int(value)
+        return value
 
 
 # --------------------------------------------------------------------------- sections
@@ -80,8 +194,8 @@ class SyntheticData(_Strict):
         "addition", description="Which generated task to use."
     )
     digits: int = Field(2, ge=1, le=9, description="Digits per operand.")
-    num_train: int = Field(256, gt=0, description="Number of training prompts.")
-    num_val: int = Field(32, ge=0, description="Number of validation prompts.")
+    num_train: int = Field(256, gt=0, le=1_000_000, description="Number of training prompts.")
+    num_val: int = Field(32, ge=0, le=100_000, description="Number of validation prompts.")
 
 
 class DataConfig(_Strict):
@@ -89,10 +203,13 @@ class DataConfig(_Strict):
 
     train_files: list[str] = Field(
         default_factory=list,
+        max_length=MAX_LIST,
         description="Training files (jsonl or parquet), one record per prompt. "
         "Set this or `data.synthetic`.",
     )
-    val_files: list[str] = Field(default_factory=list, description="Validation files.")
+    val_files: list[str] = Field(
+        default_factory=list, max_length=MAX_LIST, description="Validation files."
+    )
     synthetic: SyntheticData | None = Field(
         None, description="Generated data instead of files; null when files are used."
     )
@@ -113,16 +230,19 @@ class DataConfig(_Strict):
         "template registered in `rl_core.data`.",
     )
     max_prompt_length: int = Field(
-        128, gt=0, description="Longest prompt in tokens; longer prompts are skipped."
+        128, gt=0, le=MAX_TOKENS,
+        description="Longest prompt in tokens; longer prompts are skipped."
     )
     shuffle: bool = Field(True, description="Shuffle training prompts every epoch.")
     train_batch_size: int = Field(
         4,
         gt=0,
+        le=MAX_BATCH,
         description="Prompts per training step; each yields `rollout.n_samples_per_prompt` "
         "responses.",
     )
-    val_batch_size: int = Field(8, gt=0, description="Prompts per validation generation batch.")
+    val_batch_size: int = Field(
+        8, gt=0, le=MAX_BATCH, description="Prompts per validation generation batch.")
 
 
 class RolloutConfig(_Strict):
@@ -136,13 +256,15 @@ class RolloutConfig(_Strict):
     n_samples_per_prompt: int = Field(
         4,
         gt=0,
+        le=MAX_SAMPLES,
         description="Responses generated per prompt: the group of GRPO-family estimators, "
         "2 for a DPO pair.",
     )
-    temperature: float = Field(1.0, gt=0, description="Sampling temperature.")
+    temperature: float = Field(1.0, gt=0, le=10, description="Sampling temperature.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass; 1 disables.")
     top_k: int = Field(
-        -1, ge=-1, description="Sample among the k likeliest tokens; -1 or 0 disables."
+        -1, ge=-1, le=1_000_000,
+        description="Sample among the k likeliest tokens; -1 or 0 disables."
     )
     min_p: float = Field(
         0.0,
@@ -151,7 +273,7 @@ class RolloutConfig(_Strict):
         description="Drop tokens below this fraction of the top probability; 0 disables.",
     )
     max_new_tokens: int = Field(
-        64, gt=0, description="Longest response in tokens (response length)."
+        64, gt=0, le=MAX_TOKENS, description="Longest response in tokens (response length)."
     )
     do_sample: bool = Field(
         True,
@@ -163,17 +285,22 @@ class RolloutConfig(_Strict):
     partial_rollout_max_split: int = Field(
         0,
         ge=0,
+        le=1_024,
         description="Partial rollout: finish the longest responses over up to N steps so one "
         "long response does not stall a step; 0 or 1 turns it off.",
     )
     tensor_parallel_size: int = Field(
         1,
         gt=0,
+        le=MAX_PARALLEL,
         description="Inference tensor-parallel size; may differ from "
         "`parallel.tensor_parallel_size` (weights are resharded).",
     )
     log_prob_micro_batch_size: int = Field(
-        4, gt=0, description="Responses per device per forward when computing old log-probs."
+        4,
+        gt=0,
+        le=MAX_MICRO_BATCH,
+        description="Responses per device per forward when computing old log-probs."
     )
 
 
@@ -189,36 +316,40 @@ class OffloadConfig(_Strict):
 class ActorConfig(_Strict):
     """The policy update: optimizer, PPO-style clipped loss, KL loss and batching."""
 
-    lr: float = Field(1e-5, gt=0, description="Learning rate.")
-    weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay.")
-    warmup_steps: int = Field(0, ge=0, description="Linear learning-rate warmup steps.")
+    lr: float = Field(1e-5, gt=0, le=1, description="Learning rate.")
+    weight_decay: float = Field(0.01, ge=0, le=1, description="AdamW weight decay.")
+    warmup_steps: int = Field(
+        0, ge=0, le=MAX_STEPS, description="Linear learning-rate warmup steps.")
     lr_scheduler: Literal["constant", "cosine", "linear"] = Field(
         "constant", description="Learning-rate schedule after warmup."
     )
     grad_clip: float = Field(
-        1.0, ge=0, description="Clip the global gradient norm to this; 0 disables."
+        1.0, ge=0, le=1_000, description="Clip the global gradient norm to this; 0 disables."
     )
     ppo_mini_batch_size: int = Field(
         2,
         gt=0,
+        le=MAX_BATCH,
         description="Prompts per optimizer step (verl's convention): one step updates on "
         "ppo_mini_batch_size × n_samples_per_prompt responses.",
     )
     ppo_micro_batch_size: int = Field(
         2,
         gt=0,
+        le=MAX_MICRO_BATCH,
         description="Responses per device per forward/backward (gradient accumulation unit); "
         "ignored with `use_dynamic_bsz`.",
     )
-    ppo_epochs: int = Field(1, gt=0, description="Passes over each step's responses.")
+    ppo_epochs: int = Field(1, gt=0, le=100, description="Passes over each step's responses.")
     clip_ratio_low: float = Field(
-        0.2, ge=0, description="Lower clip of the probability ratio: 1 - low."
+        0.2, ge=0, le=1, description="Lower clip of the probability ratio: 1 - low."
     )
     clip_ratio_high: float = Field(
-        0.2, ge=0, description="Upper clip of the probability ratio: 1 + high (DAPO clip-higher)."
+        0.2, ge=0, le=10,
+        description="Upper clip of the probability ratio: 1 + high (DAPO clip-higher)."
     )
     clip_ratio_c: float = Field(
-        3.0, gt=1, description="Dual-clip bound on the loss of negative-advantage tokens."
+        3.0, gt=1, le=100, description="Dual-clip bound on the loss of negative-advantage tokens."
     )
     policy_loss: Literal["vanilla", "gspo"] = Field(
         "vanilla", description="`vanilla`: token-level PPO clip; `gspo`: sequence-level ratio."
@@ -226,11 +357,11 @@ class ActorConfig(_Strict):
     loss_agg_mode: LossAggMode = Field(
         "token-mean", description="How token losses are averaged into the batch loss."
     )
-    entropy_coeff: float = Field(0.0, ge=0, description="Weight of the entropy bonus.")
+    entropy_coeff: float = Field(0.0, ge=0, le=10, description="Weight of the entropy bonus.")
     use_kl_loss: bool = Field(
         True, description="Add a KL(policy ‖ reference) term to the loss (needs the reference)."
     )
-    kl_loss_coef: float = Field(0.001, ge=0, description="Weight of the KL loss.")
+    kl_loss_coef: float = Field(0.001, ge=0, le=100, description="Weight of the KL loss.")
     kl_loss_type: KLType = Field(
         "low_var_kl",
         description="KL estimator: k1, abs, k2 (alias mse), k3 (alias low_var_kl).",
@@ -243,7 +374,10 @@ class ActorConfig(_Strict):
         description="Form micro-batches by token count (`max_token_len_per_gpu`) instead of size.",
     )
     max_token_len_per_gpu: int = Field(
-        1024, gt=0, description="Token budget of a micro-batch per device with `use_dynamic_bsz`."
+        1024,
+        gt=0,
+        le=MAX_TOKEN_BUDGET,
+        description="Token budget of a micro-batch per device with `use_dynamic_bsz`."
     )
     offload: OffloadConfig = Field(
         default_factory=OffloadConfig, description="Host-memory offload of the actor."
@@ -255,10 +389,13 @@ class OverlongBuffer(_Strict):
 
     enable: bool = Field(False, description="Penalise responses that enter the buffer.")
     len: int = Field(
-        16, gt=0, description="Buffer length in tokens, counted back from `rollout.max_new_tokens`."
+        16,
+        gt=0,
+        le=MAX_TOKENS,
+        description="Buffer length in tokens, counted back from `rollout.max_new_tokens`."
     )
     penalty_factor: float = Field(
-        1.0, ge=0, description="Penalty at the maximum length, linear over the buffer."
+        1.0, ge=0, le=100, description="Penalty at the maximum length, linear over the buffer."
     )
 
 
@@ -269,7 +406,7 @@ class DynamicSampling(_Strict):
         False, description="Keep generating until a step has enough informative groups."
     )
     max_num_gen_batches: int = Field(
-        10, ge=0, description="Most generation batches per step; 0 means no limit."
+        10, ge=0, le=1_000, description="Most generation batches per step; 0 means no limit."
     )
 
 
@@ -291,9 +428,10 @@ class AdvantageConfig(_Strict):
     kl_ctrl: Literal["fixed", "adaptive"] = Field(
         "fixed", description="In-reward KL coefficient: fixed, or adapted toward `kl_target`."
     )
-    kl_coef: float = Field(0.001, ge=0, description="(Initial) in-reward KL coefficient.")
-    kl_target: float = Field(0.1, gt=0, description="Adaptive KL control: target KL.")
-    kl_horizon: int = Field(10000, gt=0, description="Adaptive KL control: horizon in steps.")
+    kl_coef: float = Field(0.001, ge=0, le=100, description="(Initial) in-reward KL coefficient.")
+    kl_target: float = Field(0.1, gt=0, le=100, description="Adaptive KL control: target KL.")
+    kl_horizon: int = Field(
+        10000, gt=0, le=MAX_STEPS, description="Adaptive KL control: horizon in steps.")
     overlong_buffer: OverlongBuffer = Field(
         default_factory=OverlongBuffer, description="DAPO overlong reward shaping."
     )
@@ -305,7 +443,7 @@ class AdvantageConfig(_Strict):
 class DPOConfig(_Strict):
     """Direct preference optimisation (used when `algorithm` is dpo)."""
 
-    beta: float = Field(0.1, gt=0, description="Strength of the implicit KL constraint.")
+    beta: float = Field(0.1, gt=0, le=100, description="Strength of the implicit KL constraint.")
     loss_type: Literal["sigmoid", "ipo", "hinge"] = Field(
         "sigmoid", description="DPO loss variant."
     )
@@ -313,7 +451,7 @@ class DPOConfig(_Strict):
         0.0, ge=0, lt=0.5, description="Assumed label noise of the pairs (conservative DPO)."
     )
     sft_loss_coef: float = Field(
-        0.0, ge=0, description="Weight of an added NLL loss on the chosen responses."
+        0.0, ge=0, le=100, description="Weight of an added NLL loss on the chosen responses."
     )
 
 
@@ -325,7 +463,10 @@ class ReferenceConfig(_Strict):
         False, description="Keep reference parameters in host memory between uses."
     )
     log_prob_micro_batch_size: int = Field(
-        4, gt=0, description="Responses per device per forward when computing reference log-probs."
+        4,
+        gt=0,
+        le=MAX_MICRO_BATCH,
+        description="Responses per device per forward when computing reference log-probs."
     )
 
 
@@ -336,12 +477,13 @@ class CriticConfig(_Strict):
     model_path: str | None = Field(
         None, description="Critic initialisation; null uses `model.path`."
     )
-    lr: float = Field(1e-5, gt=0, description="Critic learning rate.")
-    cliprange_value: float = Field(0.5, gt=0, description="Clip range of the value loss.")
+    lr: float = Field(1e-5, gt=0, le=1, description="Critic learning rate.")
+    cliprange_value: float = Field(0.5, gt=0, le=100, description="Clip range of the value loss.")
     ppo_micro_batch_size: int = Field(
-        2, gt=0, description="Responses per device per critic forward/backward."
+        2, gt=0, le=MAX_MICRO_BATCH, description="Responses per device per critic forward/backward."
     )
-    warmup_steps: int = Field(0, ge=0, description="Critic learning-rate warmup steps.")
+    warmup_steps: int = Field(
+        0, ge=0, le=MAX_STEPS, description="Critic learning-rate warmup steps.")
 
 
 class RewardFunctionSpec(_Strict):
@@ -350,9 +492,13 @@ class RewardFunctionSpec(_Strict):
     name: str = Field(
         min_length=1, description="Registered name, e.g. `math_accuracy`, `format`, `exact_match`."
     )
-    weight: float = Field(1.0, description="Weight of this function in the summed reward.")
-    kwargs: dict[str, Any] = Field(
-        default_factory=dict, description="Keyword arguments passed to the function."
+    weight: float = Field(
+        1.0, ge=-1_000, le=1_000, description="Weight of this function in the summed reward."
+    )
+    kwargs: JsonMapping = Field(
+        default_factory=dict,
+        description="Keyword arguments passed to the function: JSON values (finite numbers), "
+        f"at most {MAX_KWARGS_DEPTH} levels deep and {MAX_KWARGS_NODES} values.",
     )
 
 
@@ -361,9 +507,12 @@ class RewardConfig(_Strict):
 
     functions: list[RewardFunctionSpec] = Field(
         default_factory=lambda: [RewardFunctionSpec(name="math_accuracy")],
+        max_length=64,
         description="Rule-based rewards, summed with their weights.",
     )
-    timeout_s: float = Field(10.0, gt=0, description="Time limit per response for each function.")
+    timeout_s: float = Field(
+        10.0, gt=0, le=3_600, description="Time limit per response for each function."
+    )
     reward_model: str | None = Field(
         None, description="Optional reward-model folder scored in addition."
     )
@@ -372,17 +521,25 @@ class RewardConfig(_Strict):
 class ParallelConfig(_Strict):
     """Training layout. The inference layout is `rollout.tensor_parallel_size`."""
 
-    tensor_parallel_size: int = Field(1, gt=0, description="Training tensor-parallel size.")
-    pipeline_parallel_size: int = Field(1, gt=0, description="Training pipeline-parallel size.")
+    tensor_parallel_size: int = Field(
+        1, gt=0, le=MAX_PARALLEL, description="Training tensor-parallel size.")
+    pipeline_parallel_size: int = Field(
+        1, gt=0, le=MAX_PARALLEL, description="Training pipeline-parallel size.")
     context_parallel_size: int = Field(
-        1, gt=0, description="Context-parallel size: each sequence is split over this many devices."
+        1,
+        gt=0,
+        le=MAX_PARALLEL,
+        description="Context-parallel size: each sequence is split over this many devices."
     )
     context_parallel_algo: Literal["ulysses", "ring"] = Field(
         "ulysses",
         description="Context-parallel algorithm: all-to-all over heads, or ring attention.",
     )
     data_parallel_size: int | None = Field(
-        None, gt=0, description="Null derives it: devices / (tensor × pipeline × context parallel)."
+        None,
+        gt=0,
+        le=MAX_DEVICES,
+        description="Null derives it: devices / (tensor × pipeline × context parallel)."
     )
     colocate_actor_rollout: bool = Field(
         True,
@@ -399,28 +556,38 @@ class ResourcesConfig(_Strict):
     """What the run asks the scheduler for."""
 
     device_type: DeviceType = Field("cpu", description="Accelerator kind: npu, gpu or cpu.")
-    num_nodes: int = Field(1, gt=0, description="Machines.")
+    num_nodes: int = Field(1, gt=0, le=MAX_NODES, description="Machines.")
     devices_per_node: int = Field(
-        1, gt=0, description="Devices per machine (on cpu: training processes per machine)."
+        1,
+        gt=0,
+        le=MAX_DEVICES_PER_NODE,
+        description="Devices per machine (on cpu: training processes per machine)."
     )
-    cpus_per_device: int = Field(1, gt=0, description="CPU cores reserved per device.")
+    cpus_per_device: int = Field(1, gt=0, le=1_024, description="CPU cores reserved per device.")
     memory_gb: float | None = Field(
-        None, gt=0, description="Host memory per node in GiB; null: no request."
+        None, gt=0, le=65_536, description="Host memory per node in GiB; null: no request."
     )
 
 
 class TrainerConfig(_Strict):
     """The training loop: length, checkpoints, evaluation, logging."""
 
-    total_epochs: int = Field(1, gt=0, description="Passes over the training prompts.")
+    total_epochs: int = Field(
+        1, gt=0, le=MAX_EPOCHS, description="Passes over the training prompts."
+    )
     total_steps: int | None = Field(
-        None, gt=0, description="Stop after this many steps; overrides `total_epochs` when set."
+        None,
+        gt=0,
+        le=MAX_STEPS, description="Stop after this many steps; overrides `total_epochs` when set."
     )
     save_every: int = Field(
-        0, ge=0, description="Save a checkpoint every N steps; 0 saves only the final one."
+        0,
+        ge=0,
+        le=MAX_STEPS, description="Save a checkpoint every N steps; 0 saves only the final one."
     )
-    eval_every: int = Field(0, ge=0, description="Evaluate every N steps; 0 disables evaluation.")
-    log_every: int = Field(1, gt=0, description="Log metrics every N steps.")
+    eval_every: int = Field(
+        0, ge=0, le=MAX_STEPS, description="Evaluate every N steps; 0 disables evaluation.")
+    log_every: int = Field(1, gt=0, le=MAX_STEPS, description="Log metrics every N steps.")
     resume_mode: Literal["auto", "disable", "resume_path"] = Field(
         "auto",
         description="`auto` resumes from the latest checkpoint in `output_dir`; `disable` starts "
@@ -447,11 +614,11 @@ class ProfilingConfig(_Strict):
     """Profiler traces of chosen steps and ranks."""
 
     enable: bool = Field(False, description="Record profiler traces.")
-    steps: list[Annotated[int, Field(gt=0)]] = Field(
-        default_factory=lambda: [2], description="Steps to profile (1-based)."
+    steps: list[Annotated[int, Field(gt=0, le=MAX_STEPS)]] = Field(
+        default_factory=lambda: [2], max_length=MAX_LIST, description="Steps to profile (1-based)."
     )
-    ranks: list[Annotated[int, Field(ge=0)]] = Field(
-        default_factory=lambda: [0], description="Ranks to profile."
+    ranks: list[Annotated[int, Field(ge=0, lt=MAX_DEVICES)]] = Field(
+        default_factory=lambda: [0], max_length=MAX_LIST, description="Ranks to profile."
     )
     level: Literal["level0", "level1", "level2"] = Field(
         "level0", description="Detail level (Ascend profiler levels; higher records more)."
@@ -465,11 +632,11 @@ class PrecisionConfig(_Strict):
     """Precision dumps of chosen steps and ranks, for comparing runs or devices."""
 
     enable: bool = Field(False, description="Dump module inputs and outputs.")
-    steps: list[Annotated[int, Field(gt=0)]] = Field(
-        default_factory=lambda: [1], description="Steps to dump (1-based)."
+    steps: list[Annotated[int, Field(gt=0, le=MAX_STEPS)]] = Field(
+        default_factory=lambda: [1], max_length=MAX_LIST, description="Steps to dump (1-based)."
     )
-    ranks: list[Annotated[int, Field(ge=0)]] = Field(
-        default_factory=lambda: [0], description="Ranks to dump."
+    ranks: list[Annotated[int, Field(ge=0, lt=MAX_DEVICES)]] = Field(
+        default_factory=lambda: [0], max_length=MAX_LIST, description="Ranks to dump."
     )
     mode: Literal["statistics", "tensor"] = Field(
         "statistics",
@@ -477,6 +644,7 @@ class PrecisionConfig(_Strict):
     )
     modules: list[str] = Field(
         default_factory=list,
+        max_length=MAX_LIST,
         description="Dump only modules whose name contains one of these; empty: all.",
     )
     output: str = Field("precision", min_length=1, description="Folder under `trainer.output_dir`.")
@@ -502,8 +670,6 @@ class ToolsConfig(_Strict):
 
 # --------------------------------------------------------------------------- the spec
 
-Violation = tuple[str, str]  # (field path, message)
-
 
 class SpecRuleViolation(ValueError):
     """Raised by the `RunSpec` validator with every broken cross-field rule."""
@@ -517,8 +683,8 @@ class RunSpec(_Strict):
     """Everything needed to start an RL post-training run."""
 
     algorithm: Algorithm = Field("grpo", description="grpo, dapo, ppo or dpo; selects the preset.")
-    name: str | None = Field(None, description="Free-form run name.")
-    seed: int = Field(1234, ge=0, description="Seed of every random generator.")
+    name: str | None = Field(None, max_length=128, description="Free-form run name.")
+    seed: int = Field(1234, ge=0, lt=MAX_INT, description="Seed of every random generator.")
     model: ModelConfig = Field(default_factory=ModelConfig, description="The policy model.")
     data: DataConfig = Field(default_factory=DataConfig, description="Prompts and batching.")
     rollout: RolloutConfig = Field(
@@ -1006,13 +1172,31 @@ def apply_overrides(raw: Mapping[str, Any], overrides: Sequence[str]) -> dict[st
                 "(e.g. rollout.n_samples_per_prompt=8)",
             )
         try:
-            value = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
+            value, _ = _read_yaml(text)
+        except _YAMLProblem as exc:
+            verdict = "is not accepted" if exc.refused else "is not valid YAML"
             raise SpecError.single(
-                ".".join(parts), f"override value {text!r} is not valid YAML: {exc}"
+                ".".join(parts), f"override value {_short(text)} {verdict}: {exc}"
             ) from exc
         _set_dotted(data, parts, value)
     return data
+
+
+def override_refusal(item: str) -> str | None:
+    """Why the value of a `dotted.key=value` override is refused (an anchor, alias or tag, too
+    long or too deep), or None; a malformed key or a YAML syntax error is `apply_overrides`'s to
+    report at the field."""
+    _, sep, text = item.partition("=")
+    try:
+        value = _read_yaml(text)[0] if sep else None
+    except _YAMLProblem as exc:
+        return f"override value {_short(text)} is not accepted: {exc}" if exc.refused else None
+    problem = _scan(value, MAX_SPEC_DEPTH, MAX_SPEC_NODES)
+    return f"override value {_short(text)}: {problem[1]}" if problem else None
+
+
+def _short(text: str, limit: int = 80) -> str:
+    return repr(text if len(text) <= limit else text[:limit] + "...")
 
 
 def _set_dotted(data: dict[str, Any], parts: list[str], value: Any) -> None:
@@ -1058,7 +1242,9 @@ def resolve_spec(raw: Mapping[str, Any], overrides: Sequence[str] = ()) -> RunSp
         raise SpecError.single(
             "", f"a run spec is a mapping of sections, not a {type(raw).__name__}"
         )
+    check_spec_bounds(raw)
     data = apply_overrides(raw, overrides)
+    check_spec_bounds(data)
     algorithm = data.setdefault("algorithm", "grpo")
     if not isinstance(algorithm, str) or algorithm not in PRESETS:
         raise SpecError.single(
@@ -1070,29 +1256,124 @@ def resolve_spec(raw: Mapping[str, Any], overrides: Sequence[str] = ()) -> RunSp
         raise SpecError.from_validation_error(exc) from exc
 
 
-def parse_spec_yaml(text: str, source: str = "<spec>") -> dict[str, Any]:
-    """The mapping in a YAML document; a syntax error or a non-mapping raises SpecError (with
-    the line)."""
-    loader = yaml.SafeLoader(text)
+def check_spec_bounds(data: Any) -> None:
+    """Refuse a spec (the raw mapping, whatever its source) that is too deep, holds too many
+    values or is too large as JSON; the SpecError says the limit."""
+    problem = _scan(data, MAX_SPEC_DEPTH, MAX_SPEC_NODES)
+    if problem:
+        where, message = problem
+        raise SpecError.single(where, f"the spec is {message}" if not where else message)
+    size = len(json.dumps(data, default=str))
+    if size > MAX_SPEC_BYTES:
+        raise SpecError.single(
+            "",
+            f"the spec is {size} bytes as JSON, more than the limit of {MAX_SPEC_BYTES}: shorten "
+            "it; large data belongs in files (data.train_files)",
+        )
+
+
+def load_yaml(text: str, source: str = "<spec>") -> Any:
+    """The value of one YAML document read by the spec loader (no anchors, aliases or tags,
+    bounded length and nesting); a problem raises SpecError naming the line and column."""
     try:
-        node = loader.get_single_node()
-        data = loader.construct_document(node) if node is not None else {}
-    except yaml.MarkedYAMLError as exc:
-        message = f"{source}: YAML syntax error at {_position(exc.problem_mark)}: {exc.problem}"
-        if exc.context:
-            message += f" ({exc.context} at {_position(exc.context_mark)})"
-        raise SpecError.single("", message) from exc
-    except yaml.YAMLError as exc:
-        raise SpecError.single("", f"{source}: YAML error: {exc}") from exc
-    finally:
-        loader.dispose()
+        return _read_yaml(text)[0]
+    except _YAMLProblem as exc:
+        raise SpecError.single("", f"{source}: {exc}") from exc
+
+
+def parse_spec_yaml(text: str, source: str = "<spec>") -> dict[str, Any]:
+    """The mapping in a YAML document; a syntax error, a refused construct (anchor, alias, tag),
+    a non-mapping or a spec beyond the limits raises SpecError (with the line)."""
+    try:
+        data, node = _read_yaml(text)
+    except _YAMLProblem as exc:
+        raise SpecError.single("", f"{source}: {exc}") from exc
+    if node is None:
+        data = {}
     if not isinstance(data, dict):
         raise SpecError.single(
             "",
             f"{source}: line {node.start_mark.line + 1}: the top level must be a mapping of "
             f"sections (algorithm:, model:, data:, ...), not a {type(data).__name__}",
         )
+    check_spec_bounds(data)
     return data
+
+
+class _YAMLProblem(ValueError):
+    """Why a YAML text was not read; `refused` when it is valid YAML the spec does not accept."""
+
+    def __init__(self, message: str, refused: bool = False):
+        super().__init__(message)
+        self.refused = refused
+
+
+class _Refused(yaml.MarkedYAMLError):
+    """A construct the spec loader does not accept (raised while composing)."""
+
+
+class _SpecLoader(yaml.SafeLoader):
+    """PyYAML's safe loader without anchors, aliases or tags, and with bounded nesting: a spec
+    is plain data, and an alias can expand a few bytes into gigabytes."""
+
+    def __init__(self, stream: str):
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent):
+            self._refuse(event, f"YAML aliases (*{event.anchor})", "write the value out in full")
+        if event.anchor is not None:
+            self._refuse(event, f"YAML anchors (&{event.anchor})", "write the value out in full")
+        if getattr(event, "tag", None) is not None:
+            self._refuse(event, f"YAML tags ({event.tag})", "remove the tag, write a plain value")
+        if isinstance(event, yaml.CollectionStartEvent) and self._depth >= MAX_SPEC_DEPTH:
+            raise _Refused(
+                problem=f"nesting deeper than the limit of {MAX_SPEC_DEPTH} levels is not "
+                "accepted in a run spec",
+                problem_mark=event.start_mark,
+                note="flatten it",
+            )
+        self._depth += isinstance(event, yaml.CollectionStartEvent)
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= isinstance(event, yaml.CollectionStartEvent)
+
+    @staticmethod
+    def _refuse(event: yaml.Event, what: str, fix: str) -> None:
+        raise _Refused(
+            problem=f"{what} are not accepted in a run spec",
+            problem_mark=event.start_mark,
+            note=fix,
+        )
+
+
+def _read_yaml(text: str) -> tuple[Any, yaml.Node | None]:
+    """(value, root node) of one YAML document, read by `_SpecLoader`; raises _YAMLProblem."""
+    if len(text) > MAX_YAML_CHARS:
+        raise _YAMLProblem(
+            f"{len(text)} characters of YAML, more than the limit of {MAX_YAML_CHARS}: shorten "
+            "it; large data belongs in files",
+            refused=True,
+        )
+    loader = _SpecLoader(text)
+    try:
+        node = loader.get_single_node()
+        return (loader.construct_document(node) if node is not None else None), node
+    except _Refused as exc:
+        message = f"{exc.problem} (at {_position(exc.problem_mark)}): {exc.note}"
+        raise _YAMLProblem(message, refused=True) from exc
+    except yaml.MarkedYAMLError as exc:
+        message = f"YAML syntax error at {_position(exc.problem_mark)}: {exc.problem}"
+        if exc.context:
+            message += f" ({exc.context} at {_position(exc.context_mark)})"
+        raise _YAMLProblem(message) from exc
+    except (yaml.YAMLError, ValueError, OverflowError) as exc:
+        raise _YAMLProblem(f"YAML error: {exc}") from exc
+    finally:
+        loader.dispose()
 
 
 def _position(mark: yaml.Mark | None) -> str:
@@ -1172,7 +1453,14 @@ def _type_name(tp: Any) -> str:
     return "any" if tp is Any else tp.__name__
 
 
-_BOUND_SYMBOLS = {"gt": ">", "ge": ">=", "lt": "<", "le": "<=", "min_length": "length >="}
+_BOUND_SYMBOLS = {
+    "gt": ">",
+    "ge": ">=",
+    "lt": "<",
+    "le": "<=",
+    "min_length": "length >=",
+    "max_length": "length <=",
+}
 
 
 def _bounds(metadata: Iterable[Any]) -> str:

@@ -11,6 +11,27 @@ import pytest
 pytest_plugins = ["tests.stack"]
 
 
+# Cache keys of the API's rate limits: DRF throttles and failed bearer tokens per address.
+RATE_LIMIT_KEYS = ("throttle_*", "token-failures:*")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_rate_limits():
+    """Every test starts with no API request or failed token counted, so tests cannot throttle
+    each other. (Sign-in lockouts are rows of django-axes in the test database, which is emptied
+    between tests.)"""
+    from django.core.cache import cache
+
+    if type(cache).__name__ != "RedisCache":
+        cache.clear()
+        return
+    client = cache._cache.get_client(write=True)
+    for pattern in RATE_LIMIT_KEYS:
+        keys = list(client.scan_iter(match=cache.make_key(pattern)))
+        if keys:
+            client.delete(*keys)
+
+
 @pytest.fixture(scope="session")
 def local_ray():
     """One local Ray instance for the session: tests start and stop roles on it; trainers join

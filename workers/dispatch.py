@@ -1,7 +1,8 @@
 """Dispatch: the domain services the Celery tasks call (workers/tasks.py holds only shims).
 
     schedule()        QUEUED -> SCHEDULED by the placement function, one new Attempt each
-    launch(run_id)    submit the attempt's Ray job (idempotent by submission id) -> STARTING
+    launch(run_id)    check the cluster's path policy; submit the attempt's Ray job (idempotent
+                      by submission id) -> STARTING
     watch(run_id)     follow the job: logs, RUNNING, SUCCEEDED, FAILED (restart?), CANCELLED
     stop(run_id)      CANCELLING: stop the job (watch confirms CANCELLED)
     reconcile()       runs whose job vanished or went silent are restarted or failed
@@ -31,11 +32,12 @@ from django.utils import timezone
 
 from clusters.choices import ClusterStatus, DeviceType, NodeState
 from clusters.models import Cluster, Node
-from clusters.services import cluster_capacity
+from clusters.services import cluster_capacity, clusters_allowing
 from experiments.choices import RunState
 from experiments.models import Attempt, LogChunk, Run
 from experiments.placement import QueuedRun, place
 from experiments.services import IllegalTransition, transition
+from rl_core.paths import POLICY_ENV, check_paths
 
 log = logging.getLogger("ascent.dispatch")
 
@@ -81,10 +83,13 @@ def schedule(now=None) -> list[int]:
         capacity = cluster_capacity(cluster)
         free[cluster.name] = {kind: c.free for kind, c in capacity.items()}
         total[cluster.name] = {kind: c.healthy for kind, c in capacity.items()}
+    policies = [cluster.path_policy() for cluster in clusters]
     offline = set(Cluster.objects.filter(status=ClusterStatus.OFFLINE).values_list("name", flat=True))
     queue = [QueuedRun(id=r.pk, priority=r.priority, created_at=r.created_at.timestamp(),
                        device_type=r.device_type, device_count=r.device_count,
-                       cluster=r.cluster.name if r.cluster else None) for r in queued]
+                       cluster=r.cluster.name if r.cluster else None,
+                       allowed=None if r.cluster else clusters_allowing(job_spec(r), policies))
+             for r in queued]
     placements, waiting = place(queue, free, now=now.timestamp(), total=total,
                                 aging_per_hour=settings.ASCENT_AGING_PER_HOUR)
     by_name = {c.name: c for c in clusters}
@@ -186,14 +191,18 @@ def launch(run_id: int) -> str | None:
         _quiet_transition(run, RunState.QUEUED, expected=RunState.SCHEDULED,
                           message="no open attempt")
         return None
+    spec, policy = job_spec(run), attempt.cluster.path_policy()
+    if refused := check_paths(spec, policy):
+        _refuse_launch(run, attempt, refused)
+        return None
     mlflow_run_id = ensure_tracking(run)
     env = {name: value for name in settings.ASCENT_JOB_ENV_PASSTHROUGH
            if (value := os.environ.get(name))}
     env.update({"MLFLOW_TRACKING_URI": settings.MLFLOW_TRACKING_URI, "MLFLOW_RUN_ID": mlflow_run_id,
                 "ASCENT_RUN_ID": str(run.pk), "ASCENT_ATTEMPT": str(attempt.number),
-                "PYTHONUNBUFFERED": "1"})
+                "PYTHONUNBUFFERED": "1", POLICY_ENV: policy.to_json()})
     folder = Path(tempfile.mkdtemp(prefix=f"ascent-run-{run.pk}-"))
-    (folder / "spec.yaml").write_text(yaml.safe_dump(job_spec(run), sort_keys=False))
+    (folder / "spec.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     try:
         ray_jobs(attempt.cluster).submit(
             attempt.ray_submission_id,
@@ -215,8 +224,14 @@ def launch(run_id: int) -> str | None:
     return attempt.ray_submission_id
 
 
+def _refuse_launch(run: Run, attempt: Attempt, refused: list[dict[str, str]]) -> None:
+    """FAILED without a job: the cluster's path policy (changed since submit) refuses the spec."""
+    reason = "path policy: " + "; ".join(e["message"] for e in refused)
+    with transaction.atomic():
+        _end_attempt(attempt, EXIT_INPUT, f"not launched: {reason}")
+        _quiet_transition(run, RunState.FAILED, expected=RunState.SCHEDULED, error=reason[:10000],
+                          message=f"not launched on cluster {attempt.cluster.name}")
 
-# --------------------------------------------------------------------------- watch
 
 
 def watch_all() -> list[int]:

@@ -1,7 +1,7 @@
 """Celery tasks: thin shims around workers.dispatch (the domain services).
 
-Periodic (beat): schedule_runs, watch_runs, reconcile_runs, probe_clusters. On demand: the API
-queues schedule_runs after a submit and stop_run after a cancel, by name
+Periodic (beat): schedule_runs, watch_runs, reconcile_runs, probe_clusters, purge_audit_log. On
+demand: the API queues schedule_runs after a submit and stop_run after a cancel, by name
 (`ascent.celery.send`), so the web process imports none of this.
 """
 
@@ -67,3 +67,10 @@ def probe_cluster(cluster_id: int) -> None:
     from workers import dispatch
 
     dispatch.probe(cluster_id)
+
+
+@app.task(name="workers.tasks.purge_audit_log")
+def purge_audit_log() -> int:
+    from audit import services
+
+    return services.purge_expired()

@@ -36,11 +36,19 @@ def _pct(part: int, whole: int) -> int:
     return min(100, round(100 * part / whole)) if whole else 0
 
 
+def policy_rows(cluster: Cluster) -> list[tuple[str, list[str]]]:
+    """The path policy's allowed roots per kind of path, as (label, roots); empty: any path."""
+    return [("Model roots", cluster.model_roots), ("Data roots", cluster.data_roots),
+            ("Output roots", cluster.output_roots)]
+
+
 def clusters_with_capacity():
-    """Every cluster (all signed-in users may see them, as in the API) with its capacity rows."""
+    """Every cluster (all signed-in users may see them, as in the API) with its capacity rows
+    and its path policy (read-only here: staff edit it in the admin or the API)."""
     clusters = list(Cluster.objects.prefetch_related("nodes"))
     for cluster in clusters:
         cluster.capacity_rows = capacity_rows(cluster)
+        cluster.policy_rows = policy_rows(cluster)
     return clusters
 
 

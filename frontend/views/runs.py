@@ -64,7 +64,7 @@ def chosen_states(params) -> list[str]:
 def run_list(request):
     """Runs the user may see, filtered by state, experiment, creator, algorithm and a search."""
     params = request.GET
-    runs = visible_runs(request.user)
+    runs = visible_runs(request.user).defer("spec")  # a table shows no spec
     states = chosen_states(params)
     if states:
         runs = runs.filter(state__in=states)

@@ -1,4 +1,4 @@
-"""Settings: the members of your projects and your API tokens.
+"""Settings: the members of your projects, invitations to join one, and your API tokens.
 
 Input is checked by the API's own serializers and the rules applied by accounts.services, so
 the page and the REST API accept and refuse the same things.
@@ -11,32 +11,39 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.db.models import Prefetch
+from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from accounts import services as membership_rules
-from accounts.choices import Role
-from accounts.models import ApiToken, Membership
+from accounts.choices import InvitationState, Role
+from accounts.models import ApiToken, Invitation, Membership
 from api.errors import flatten_errors
 from api.permissions import visible_projects
-from api.serializers import MembershipRoleSerializer, MembershipSerializer, TokenSerializer
+from api.serializers import InviteSerializer, MembershipRoleSerializer, TokenSerializer
+from api.throttling import TokenCreateThrottle
 from experiments.services import DomainError
 
 
-def _page(request, **extra):
+def _page(request, status=200, **extra):
     projects = list(visible_projects(request.user).distinct().prefetch_related(
         Prefetch("memberships", Membership.objects.select_related("user").order_by("user__username"))))
     for project in projects:
         project.manageable = project.can_admin(request.user)
+        project.pending = (project.invitations.filter(state=InvitationState.PENDING)
+                           if project.manageable else [])
     context = {
         "projects": projects, "roles": Role.choices,
+        "invitations": membership_rules.pending_invitations_of(request.user).select_related(
+            "project", "invited_by"),
         "tokens": ApiToken.objects.filter(user=request.user),
         "default_days": settings.ASCENT_TOKEN_DEFAULT_DAYS,
+        "max_days": settings.ASCENT_TOKEN_MAX_DAYS,
         "token_form": {"name": "", "expires_in_days": settings.ASCENT_TOKEN_DEFAULT_DAYS},
         **extra,
     }
-    return render(request, "frontend/settings.html", context)
+    return render(request, "frontend/settings.html", context, status=status)
 
 
 def _errors(serializer) -> str:
@@ -53,20 +60,21 @@ def settings_page(request):
 @login_required
 @require_POST
 def member_action(request, pk):
-    """op=add (username, role), op=role (username, role) or op=remove (username); owners only."""
+    """op=add (username, role: an invitation), op=withdraw (invitation), op=role (username, role)
+    or op=remove (username); owners only."""
     project = get_object_or_404(visible_projects(request.user).distinct(), pk=pk)
     back = redirect(f"{reverse('frontend:settings')}#project-{project.name}")
     op, username = request.POST.get("op"), request.POST.get("username", "").strip()
     try:
         membership_rules.require_owner(project, request.user)
         if op == "add":
-            serializer = MembershipSerializer(data={"username": username, "role": request.POST.get("role")})
-            if not serializer.is_valid():
-                messages.error(request, f"Could not add {username or 'a member'}: {_errors(serializer)}")
-                return back
-            data = serializer.validated_data
-            membership_rules.add_member(project, data["user"], data["role"])
-            messages.success(request, f"Added {username} to {project.name} as {data['role']}.")
+            return _invite(request, project, username, back)
+        if op == "withdraw":
+            invitation_id = request.POST.get("invitation", "")
+            invitation = get_object_or_404(project.invitations, pk=int(invitation_id or 0)
+                                           if invitation_id.isdigit() else 0)
+            membership_rules.withdraw(invitation)
+            messages.success(request, f"Withdrew the invitation of {invitation.username}.")
             return back
         membership = project.memberships.filter(user__username=username).first()
         if membership is None:
@@ -88,11 +96,47 @@ def member_action(request, pk):
     return back
 
 
+def _invite(request, project, username, back):
+    serializer = InviteSerializer(data={"username": username, "role": request.POST.get("role")})
+    if not serializer.is_valid():
+        messages.error(request, f"Could not invite {username or 'anyone'}: {_errors(serializer)}")
+        return back
+    data = serializer.validated_data
+    membership_rules.invite(project, data["username"], data["role"], request.user)
+    messages.success(request, f"Invited {username} to {project.name} as {data['role']}: "
+                              "they become a member when they accept.")
+    return back
+
+
+@login_required
+@require_POST
+def invitation_answer(request, pk, answer):
+    """answer=accept or decline, by the invited user only (anyone else gets a 404)."""
+    invitation = get_object_or_404(Invitation.objects.select_related("project"), pk=pk)
+    try:
+        if answer == "accept":
+            membership_rules.accept(invitation, request.user)
+            messages.success(request, f"You joined {invitation.project.name} as {invitation.role}.")
+        elif answer == "decline":
+            membership_rules.decline(invitation, request.user)
+            messages.success(request, f"Declined the invitation to {invitation.project.name}.")
+        else:
+            raise Http404("Answer an invitation with accept or decline.")
+    except DomainError as exc:
+        messages.error(request, str(exc))
+    return redirect(f"{reverse('frontend:settings')}#invitations")
+
+
 @login_required
 @require_POST
 def token_create(request):
     """Issue a token and show it on the page this once: only its hash is kept."""
     serializer = TokenSerializer(data=request.POST, context={"request": request})
+    throttle = TokenCreateThrottle()
+    if not throttle.allow_request(request, None):
+        minutes = max(1, round(throttle.wait() / 60))
+        errors = {"name": [f"Too many new tokens: try again in {minutes} minutes."]}
+        return _page(request, token_form=request.POST, token_errors=errors, status=429)
     if not serializer.is_valid():
         form = {"name": request.POST.get("name", ""),
                 "expires_in_days": request.POST.get("expires_in_days", "")}

@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from accounts.models import ApiToken, Membership, Project
+from accounts.models import ApiToken, Invitation, Membership, Project
 
 
 class MembershipInline(admin.TabularInline):
@@ -26,3 +26,11 @@ class ApiTokenAdmin(admin.ModelAdmin):
     def has_add_permission(self, request):
         # A token's secret is shown once at creation: create them with the API or `createtoken`.
         return False
+
+
+@admin.register(Invitation)
+class InvitationAdmin(admin.ModelAdmin):
+    list_display = ["username", "project", "role", "state", "invited_by", "created_at", "answered_at"]
+    list_filter = ["state", "role"]
+    search_fields = ["username", "project__name"]
+    readonly_fields = ["created_at", "answered_at"]

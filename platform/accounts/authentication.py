@@ -1,9 +1,13 @@
-"""`Authorization: Bearer asc_…` authentication for the REST API."""
+"""`Authorization: Bearer asc_…` authentication for the REST API, with a limit on failed tokens
+per client address so that guessing tokens is slow."""
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 
+from django.conf import settings
+from django.core.cache import cache
 from django.utils import timezone
 from rest_framework import authentication, exceptions
 
@@ -11,6 +15,45 @@ from accounts.models import ApiToken, hash_token
 
 # last_used_at is written at most this often per token, so reads do not turn into writes.
 LAST_USED_RESOLUTION = timedelta(minutes=1)
+FAILURE_KEY = "token-failures:{ip}"
+
+
+def client_ip(request) -> str | None:
+    """The client's address: the right-most X-Forwarded-For entry (the one our proxy added) when
+    ASCENT_BEHIND_PROXY is set, else the address of the connection (None if there is none)."""
+    meta = request.META
+    forwarded = meta.get("HTTP_X_FORWARDED_FOR", "") if settings.ASCENT_BEHIND_PROXY else ""
+    hops = [hop.strip() for hop in forwarded.split(",") if hop.strip()]
+    return hops[-1] if hops else meta.get("REMOTE_ADDR") or None
+
+
+class FailedTokens:
+    """Failed bearer tokens per client address, counted in a fixed window in the cache."""
+
+    @staticmethod
+    def wait(ip: str) -> float | None:
+        """Seconds until the address may try again, or None while under the limit."""
+        key = FAILURE_KEY.format(ip=ip)
+        found = cache.get_many([key, f"{key}:since"])
+        if found.get(key, 0) < settings.ASCENT_TOKEN_FAILURE_LIMIT:
+            return None
+        since = found.get(f"{key}:since") or time.time()
+        return max(1.0, settings.ASCENT_TOKEN_FAILURE_WINDOW_S - (time.time() - since))
+
+    @staticmethod
+    def record(ip: str) -> None:
+        key, window = FAILURE_KEY.format(ip=ip), settings.ASCENT_TOKEN_FAILURE_WINDOW_S
+        cache.add(f"{key}:since", time.time(), window)
+        cache.add(key, 0, window)
+        try:
+            cache.incr(key)
+        except ValueError:  # expired between add and incr
+            cache.add(key, 1, window)
+
+
+class TooManyFailedTokens(exceptions.Throttled):
+    default_detail = "Too many invalid tokens from your address."
+    extra_detail_singular = extra_detail_plural = "Try again in {wait} seconds."
 
 
 class BearerTokenAuthentication(authentication.BaseAuthentication):
@@ -20,6 +63,17 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
         header = authentication.get_authorization_header(request).split()
         if not header or header[0].lower() != self.keyword.lower().encode():
             return None
+        ip = client_ip(request) or "unknown"
+        wait = FailedTokens.wait(ip)
+        if wait is not None:
+            raise TooManyFailedTokens(wait=wait)
+        try:
+            return self._check(header)
+        except exceptions.AuthenticationFailed:
+            FailedTokens.record(ip)
+            raise
+
+    def _check(self, header):
         if len(header) != 2:
             raise exceptions.AuthenticationFailed(
                 "Malformed Authorization header: expected 'Bearer <token>'."

@@ -13,3 +13,10 @@ class Role(models.TextChoices):
 WRITE_ROLES = frozenset({Role.OWNER, Role.MAINTAINER})
 # Roles allowed to change the project itself and its membership.
 ADMIN_ROLES = frozenset({Role.OWNER})
+
+
+class InvitationState(models.TextChoices):
+    PENDING = "pending", "Pending"
+    ACCEPTED = "accepted", "Accepted"
+    DECLINED = "declined", "Declined"
+    WITHDRAWN = "withdrawn", "Withdrawn"

@@ -1,4 +1,4 @@
-"""Projects, their members and API tokens."""
+"""Projects, their members, invitations to join them and API tokens."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from django.core.validators import RegexValidator
 from django.db import models
 from django.utils import timezone
 
-from accounts.choices import ADMIN_ROLES, WRITE_ROLES, Role
+from accounts.choices import ADMIN_ROLES, WRITE_ROLES, InvitationState, Role
 
 TOKEN_PREFIX = "asc_"
 
@@ -68,6 +68,35 @@ class Membership(models.Model):
 
     def __str__(self) -> str:
         return f"{self.user} in {self.project} ({self.role})"
+
+
+class Invitation(models.Model):
+    """An owner's offer of a role to a username; it becomes a membership only when accepted.
+    The username need not exist, so an invitation tells the owner nothing about who has an account."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="invitations")
+    username = models.CharField(max_length=150)
+    role = models.CharField(max_length=16, choices=Role.choices)
+    invited_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, related_name="+"
+    )
+    state = models.CharField(
+        max_length=16, choices=InvitationState.choices, default=InvitationState.PENDING
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    answered_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["project", "username"], condition=models.Q(state="pending"),
+                name="one_pending_invitation_per_user",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.username} to {self.project} as {self.role} ({self.state})"
 
 
 def hash_token(raw: str) -> str:

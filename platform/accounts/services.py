@@ -1,13 +1,15 @@
 """Membership rules, shared by the REST API and the web UI: who may manage a project's members,
-and that a project always keeps an owner."""
+that people join only by accepting an invitation, and that a project always keeps an owner."""
 
 from __future__ import annotations
 
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
+from django.http import Http404
+from django.utils import timezone
 
-from accounts.choices import Role
-from accounts.models import Membership, Project
+from accounts.choices import InvitationState, Role
+from accounts.models import Invitation, Membership, Project
 from experiments.services import DomainError  # the platform's one "conflicts with the state" error
 
 
@@ -17,10 +19,61 @@ def require_owner(project: Project, user) -> None:
         raise PermissionDenied("Only the project's owners may manage its members.")
 
 
-def add_member(project: Project, user, role: Role | str) -> Membership:
-    if project.memberships.filter(user=user).exists():
-        raise DomainError(f"{user.username} is already a member; change their role instead.")
-    return Membership.objects.create(project=project, user=user, role=role)
+def invite(project: Project, username: str, role: Role | str, invited_by) -> Invitation:
+    """Offer `role` to `username`, whether or not such a user exists; a pending invitation of the
+    same person is updated to the new role."""
+    if project.memberships.filter(user__username=username).exists():
+        raise DomainError(f"{username} is already a member; change their role instead.")
+    with transaction.atomic():
+        invitation, created = Invitation.objects.select_for_update().get_or_create(
+            project=project, username=username, state=InvitationState.PENDING,
+            defaults={"role": role, "invited_by": invited_by},
+        )
+        if not created:
+            invitation.role, invitation.invited_by = role, invited_by
+            invitation.save(update_fields=["role", "invited_by"])
+    return invitation
+
+
+def pending_invitations_of(user):
+    """The invitations waiting for this user's answer."""
+    return Invitation.objects.filter(username=user.get_username(), state=InvitationState.PENDING)
+
+
+def accept(invitation: Invitation, user) -> Membership:
+    """The invitee joins the project with the invited role."""
+    with transaction.atomic():
+        _answer(invitation, user, InvitationState.ACCEPTED)
+        membership, _ = Membership.objects.get_or_create(
+            project=invitation.project, user=user, defaults={"role": invitation.role})
+    return membership
+
+
+def decline(invitation: Invitation, user) -> None:
+    _answer(invitation, user, InvitationState.DECLINED)
+
+
+def withdraw(invitation: Invitation) -> None:
+    """An owner takes back a pending invitation."""
+    _claim(invitation, InvitationState.WITHDRAWN)
+
+
+def _answer(invitation: Invitation, user, state: InvitationState) -> None:
+    # Someone else's invitation does not exist as far as this user can tell.
+    if invitation.username != user.get_username():
+        raise Http404("No such invitation.")
+    _claim(invitation, state)
+
+
+def _claim(invitation: Invitation, state: InvitationState) -> None:
+    """Move a pending invitation to its final state once, even under concurrent answers."""
+    now = timezone.now()
+    claimed = Invitation.objects.filter(pk=invitation.pk, state=InvitationState.PENDING).update(
+        state=state, answered_at=now)
+    if not claimed:
+        invitation.refresh_from_db(fields=["state"])
+        raise DomainError(f"This invitation is already {invitation.state}.")
+    invitation.state, invitation.answered_at = state, now
 
 
 def set_role(membership: Membership, role: Role | str) -> Membership:

@@ -28,6 +28,7 @@ _CODES = {
     404: "not_found",
     405: "method_not_allowed",
     409: "conflict",
+    411: "length_required",
     413: "payload_too_large",
     415: "unsupported_media_type",
     429: "throttled",
@@ -90,7 +91,9 @@ def exception_handler(exc, context):
         response.data = _body(code, summary, errors)
     else:
         detail = response.data.get("detail", str(exc)) if isinstance(response.data, dict) else str(exc)
-        response.data = _body(code, str(detail))
+        # every 400 lists what is wrong; a body that cannot be parsed is wrong as a whole
+        errors = [{"field": "", "message": str(detail)}] if response.status_code == 400 else None
+        response.data = _body(code, str(detail), errors)
     return response
 
 

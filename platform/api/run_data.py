@@ -3,23 +3,30 @@ from MLflow through workers.tracking). Also a cluster's utilisation."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import time
+from collections.abc import AsyncIterator, Iterator
 
+from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.core.handlers.asgi import ASGIRequest
+from django.db.models import Count, Sum
+from django.db.models.functions import Coalesce
 from django.http import StreamingHttpResponse
 from rest_framework.exceptions import APIException, ValidationError
 from rest_framework.renderers import BaseRenderer
 
+from api import stream_slots
+from api.permissions import visible_projects
 from clusters.models import Cluster
 from clusters.services import cluster_capacity
 from experiments.choices import ACTIVE_STATES
 from experiments.models import Attempt, Run
 
-# A follow stream ends after this long even if the run goes on (the client reconnects with
-# the offset of its last event); a stream per watcher must not hold a web worker forever.
-FOLLOW_LIMIT_S = 300
+# A follow stream reads the log this often; it ends after ASCENT_LOG_STREAM_LIMIT_S even if the
+# run goes on (the client reconnects with the offset of its last event).
 FOLLOW_POLL_S = 1.0
 _STEP = re.compile(r"^checkpoints/step_(\d+)$")
 
@@ -89,35 +96,103 @@ class EventStreamRenderer(BaseRenderer):
         return json.dumps(data).encode()
 
 
-def follow_logs(run: Run, params) -> StreamingHttpResponse:
-    """Server-sent events: `log` events with {"offset", "text"} as text arrives, then `end`."""
-    first = log_page(run, params)
-
-    def events():
-        page, deadline = first, time.monotonic() + FOLLOW_LIMIT_S
-        while True:
-            if page["text"]:
-                yield _event("log", {"attempt": page["attempt"], "offset": page["offset"],
-                                     "text": page["text"]})
-            run.refresh_from_db(fields=["state"])
-            if page["complete"] and run.is_terminal or time.monotonic() > deadline:
-                yield _event("end", {"attempt": page["attempt"], "offset": page["offset"],
-                                     "state": run.state})
-                return
-            if not page["text"]:
-                yield ": keep-alive\n\n"  # a comment line: keeps proxies from closing the stream
-            time.sleep(FOLLOW_POLL_S)
-            latest = _attempt(run, None)
-            if latest is not None and latest.number != page["attempt"]:  # a new attempt: from 0
-                page = log_page(run, {"attempt": latest.number, "offset": 0})
-            else:
-                page = log_page(run, {"attempt": page["attempt"], "offset": page["offset"]}
-                                if page["attempt"] else {})
-
-    response = StreamingHttpResponse(events(), content_type="text/event-stream")
+def follow_logs(run: Run, request) -> StreamingHttpResponse:
+    """Server-sent events: `log` events with {"offset", "text"} as text arrives, a `: keep-alive`
+    comment after ASCENT_LOG_STREAM_HEARTBEAT_S quiet seconds, then `end` when the run is over
+    or the stream's time limit is reached. Holds one of the user's stream slots while open.
+    Under ASGI the stream is an async generator (no thread held between polls); under WSGI a
+    plain generator (Django would buffer an async one whole)."""
+    follow = _Follow(run, log_page(run, request.query_params))
+    slot = stream_slots.acquire(request.user.pk)
+    is_asgi = isinstance(getattr(request, "_request", request), ASGIRequest)
+    events = _async_events(follow, slot) if is_asgi else _sync_events(follow, slot)
+    response = _LogStreamResponse(events, slot, content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
     return response
+
+
+class _LogStreamResponse(StreamingHttpResponse):
+    """Frees the stream slot when the server closes the response, even if the stream never
+    started or its client went away while a chunk was being sent."""
+
+    def __init__(self, events, slot: stream_slots.Slot, **kwargs):
+        super().__init__(events, **kwargs)
+        self.slot = slot
+
+    def close(self):
+        self.slot.release()
+        super().close()
+
+
+class _Follow:
+    """What a follow stream sends next; `step()` reads the database (call it from a thread
+    under ASGI), `pause()` says how long to wait before the next step."""
+
+    def __init__(self, run: Run, first: dict):
+        self.run, self.page, self.fresh = run, first, True
+        now = time.monotonic()
+        self.deadline = now + settings.ASCENT_LOG_STREAM_LIMIT_S
+        self.heartbeat = settings.ASCENT_LOG_STREAM_HEARTBEAT_S
+        self.last_sent = now - self.heartbeat  # a comment at once when there is no text yet
+
+    def step(self) -> tuple[list[str], bool]:
+        """The chunks to send now, and whether the stream is over."""
+        if not self.fresh:
+            self.page = self._next_page()
+        self.fresh, page, out = False, self.page, []
+        if page["text"]:
+            out.append(_event("log", {"attempt": page["attempt"], "offset": page["offset"],
+                                      "text": page["text"]}))
+        self.run.refresh_from_db(fields=["state"])
+        now = time.monotonic()
+        done = page["complete"] and self.run.is_terminal or now >= self.deadline
+        if done:
+            out.append(_event("end", {"attempt": page["attempt"], "offset": page["offset"],
+                                      "state": self.run.state}))
+        elif not out and now - self.last_sent >= self.heartbeat:
+            out.append(": keep-alive\n\n")  # a comment line: keeps proxies from closing it
+        if out:
+            self.last_sent = now
+        return out, done
+
+    def pause(self) -> float:
+        now = time.monotonic()
+        return max(0.01, min(FOLLOW_POLL_S, self.last_sent + self.heartbeat - now,
+                             self.deadline - now))
+
+    def _next_page(self) -> dict:
+        latest = _attempt(self.run, None)
+        if latest is not None and latest.number != self.page["attempt"]:  # a new attempt: from 0
+            return log_page(self.run, {"attempt": latest.number, "offset": 0})
+        return log_page(self.run, {"attempt": self.page["attempt"], "offset": self.page["offset"]}
+                        if self.page["attempt"] else {})
+
+
+def _sync_events(follow: _Follow, slot: stream_slots.Slot) -> Iterator[str]:
+    try:
+        while True:
+            out, done = follow.step()
+            yield from out
+            if done:
+                return
+            time.sleep(follow.pause())
+    finally:
+        slot.release()
+
+
+async def _async_events(follow: _Follow, slot: stream_slots.Slot) -> AsyncIterator[str]:
+    step = sync_to_async(follow.step)
+    try:
+        while True:
+            out, done = await step()
+            for chunk in out:
+                yield chunk
+            if done:
+                return
+            await asyncio.sleep(follow.pause())
+    finally:
+        await sync_to_async(slot.release)()
 
 
 def _event(name: str, data: dict) -> str:
@@ -187,14 +262,20 @@ def compare(runs: list[Run], keys: list[str], max_points: int = 500) -> dict:
     return {"keys": names, "history": history, "mlflow_url": url}
 
 
-def utilisation(cluster: Cluster) -> dict:
+def utilisation(cluster: Cluster, user) -> dict:
+    """Capacity per device kind and the active runs on the cluster: the runs of projects `user`
+    can see by name, the others only as a count of runs and of the devices they hold."""
     capacity = cluster_capacity(cluster)
-    runs = Run.objects.filter(cluster=cluster, state__in=ACTIVE_STATES).order_by("created_at")
+    active = Run.objects.filter(cluster=cluster, state__in=ACTIVE_STATES)
+    visible = active.filter(experiment__project__in=visible_projects(user))
+    others = active.exclude(pk__in=visible.values("pk")).aggregate(
+        count=Count("pk"), device_count=Coalesce(Sum("device_count"), 0))
     return {
         "cluster": cluster.name, "status": cluster.status, "last_probe_at": cluster.last_probe_at,
         "last_probe_error": cluster.last_probe_error,
         "kinds": {kind: {**c.as_dict(), "utilisation": (c.held / c.healthy) if c.healthy else 0.0}
                   for kind, c in capacity.items()},
         "runs": [{"id": r.pk, "name": r.name, "state": r.state, "device_type": r.device_type,
-                  "device_count": r.device_count} for r in runs],
+                  "device_count": r.device_count} for r in visible.order_by("created_at")],
+        "other_runs": others,
     }

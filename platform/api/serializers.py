@@ -2,28 +2,32 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+import operator
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from accounts.choices import Role
-from accounts.models import ApiToken, Membership, Project
+from accounts.models import ApiToken, Invitation, Membership, Project
+from accounts.tokens import token_expiry
+from api.parsers import StrictJSONDecoder
 from api.permissions import visible_projects
-from clusters.models import Cluster, Node
+from api.strict import JSONObjectField, StrictModelSerializer, StrictSerializer
+from clusters.models import ROOT_FIELDS, Cluster, Node, normalize_roots
 from clusters.services import cluster_capacity
 from experiments.models import Attempt, Experiment, Run, RunEvent
+from experiments.services import RequestError
+from rl_core.spec import SpecError, check_spec_bounds, override_refusal
 
 User = get_user_model()
 
 
 # --- clusters -------------------------------------------------------------------------------
 
-class NodeSerializer(serializers.ModelSerializer):
+class NodeSerializer(StrictModelSerializer):
     cluster = serializers.SlugRelatedField(slug_field="name", queryset=Cluster.objects.all())
     device_kind = serializers.CharField(read_only=True)
 
@@ -51,15 +55,23 @@ class CapacitySerializer(serializers.Serializer):
     free = serializers.IntegerField(help_text="healthy - held, never below zero.")
 
 
-class ClusterSerializer(serializers.ModelSerializer):
+class ClusterSerializer(StrictModelSerializer):
     capacity = serializers.SerializerMethodField(help_text="Per device kind (npu, gpu, cpu).")
     node_count = serializers.SerializerMethodField()
 
     class Meta:
         model = Cluster
         fields = ["id", "name", "device_type", "ray_address", "status", "labels", "last_probe_at",
-                  "last_probe_error", "created_at", "node_count", "capacity"]
+                  "last_probe_error", "created_at", "node_count", "capacity", *ROOT_FIELDS,
+                  "allow_trust_remote_code"]
         read_only_fields = ["status", "last_probe_at", "last_probe_error", "created_at"]
+
+    def validate(self, attrs):
+        """Allowed roots are stored normalized (`/models/./a/` -> `/models/a`)."""
+        for name in ROOT_FIELDS:
+            if isinstance(attrs.get(name), list):
+                attrs[name] = normalize_roots(attrs[name])
+        return attrs
 
     @extend_schema_field(serializers.DictField(child=CapacitySerializer()))
     def get_capacity(self, obj) -> dict:
@@ -71,7 +83,7 @@ class ClusterSerializer(serializers.ModelSerializer):
 
 # --- accounts -------------------------------------------------------------------------------
 
-class MembershipSerializer(serializers.ModelSerializer):
+class MembershipSerializer(StrictModelSerializer):
     username = serializers.SlugRelatedField(
         source="user", slug_field="username", queryset=User.objects.all(),
         error_messages={"does_not_exist": "There is no user named {value}."},
@@ -83,11 +95,32 @@ class MembershipSerializer(serializers.ModelSerializer):
         read_only_fields = ["created_at"]
 
 
-class MembershipRoleSerializer(serializers.Serializer):
+class MembershipRoleSerializer(StrictSerializer):
     role = serializers.ChoiceField(choices=Role.choices)
 
 
-class ProjectSerializer(serializers.ModelSerializer):
+class InviteSerializer(StrictSerializer):
+    """Who to invite, with which role; the same answer whether or not the user exists."""
+
+    username = serializers.CharField(max_length=150)
+    role = serializers.ChoiceField(
+        choices=Role.choices,
+        error_messages={"required": "Give the role to offer: owner, maintainer or viewer."},
+    )
+
+
+class InvitationSerializer(serializers.ModelSerializer):
+    project_name = serializers.CharField(source="project.name", read_only=True)
+    invited_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+
+    class Meta:
+        model = Invitation
+        fields = ["id", "project", "project_name", "username", "role", "invited_by", "state",
+                  "created_at", "answered_at"]
+        read_only_fields = fields
+
+
+class ProjectSerializer(StrictModelSerializer):
     my_role = serializers.SerializerMethodField()
 
     class Meta:
@@ -102,10 +135,12 @@ class ProjectSerializer(serializers.ModelSerializer):
         return role.value if role else None
 
 
-class TokenSerializer(serializers.ModelSerializer):
+class TokenSerializer(StrictModelSerializer):
     expires_in_days = serializers.IntegerField(
-        write_only=True, required=False, min_value=0, max_value=3650,
-        help_text="Days until it expires; 0 = never. Default: the server's ASCENT_TOKEN_DEFAULT_DAYS.",
+        write_only=True, required=False, min_value=0,
+        help_text=("Days until it expires, at most the server's ASCENT_TOKEN_MAX_DAYS; 0 = never, "
+                   "only where that is 0. Default: ASCENT_TOKEN_DEFAULT_DAYS. A token created with "
+                   "a token cannot outlive it."),
     )
     is_active = serializers.BooleanField(read_only=True)
 
@@ -115,10 +150,24 @@ class TokenSerializer(serializers.ModelSerializer):
                   "is_active", "expires_in_days"]
         read_only_fields = ["prefix", "created_at", "expires_at", "revoked_at", "last_used_at"]
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # Documented as the field's maximum; the check itself (with a message naming the setting
+        # and the calling token's own expiry) is accounts.tokens.token_expiry.
+        self.fields["expires_in_days"].max_value = settings.ASCENT_TOKEN_MAX_DAYS or None
+
+    def validate(self, attrs):
+        auth = getattr(self.context["request"], "auth", None)
+        parent = auth if isinstance(auth, ApiToken) else None
+        try:
+            attrs["expires_at"] = token_expiry(attrs.pop("expires_in_days", None), parent)
+        except RequestError as exc:
+            raise serializers.ValidationError({exc.field: [str(exc)]}) from None
+        return attrs
+
     def create(self, validated_data):
-        days = validated_data.pop("expires_in_days", settings.ASCENT_TOKEN_DEFAULT_DAYS)
-        expires = timezone.now() + timedelta(days=days) if days else None
-        token, raw = ApiToken.issue(self.context["request"].user, validated_data["name"], expires)
+        token, raw = ApiToken.issue(self.context["request"].user, validated_data["name"],
+                                    validated_data["expires_at"])
         token.raw = raw
         return token
 
@@ -142,10 +191,10 @@ class UserProjectField(serializers.PrimaryKeyRelatedField):
         return visible_projects(self.context["request"].user)
 
 
-class ExperimentSerializer(serializers.ModelSerializer):
+class ExperimentSerializer(StrictModelSerializer):
     project = UserProjectField()
     created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
-    run_count = serializers.IntegerField(read_only=True, required=False)
+    run_count = serializers.SerializerMethodField(help_text="Runs in the experiment.")
 
     class Meta:
         model = Experiment
@@ -158,6 +207,10 @@ class ExperimentSerializer(serializers.ModelSerializer):
                 message="This project already has an experiment with this name.",
             )
         ]
+
+    def get_run_count(self, obj) -> int:
+        annotated = getattr(obj, "run_count", None)  # the list's queryset counts in one query
+        return obj.runs.count() if annotated is None else annotated
 
     def validate_project(self, project):
         if self.instance is not None and project != self.instance.project:
@@ -199,17 +252,51 @@ class RunSerializer(serializers.ModelSerializer):
 class RunListSerializer(RunSerializer):
     """The list view leaves out the spec and attempts to keep pages small."""
 
+    # The related columns the list shows; everything else of those rows stays unread.
+    related_columns = ("experiment__project_id", "created_by__username", "cluster__name")
+
     class Meta(RunSerializer.Meta):
         fields = [f for f in RunSerializer.Meta.fields if f not in ("spec", "attempts")]
         read_only_fields = fields
 
+    @classmethod
+    def columns(cls) -> list[str]:
+        """What a list query selects (`QuerySet.only`): the run's columns but its spec, and
+        the related ones shown."""
+        own = [f.name for f in Run._meta.concrete_fields if f.name != "spec"]
+        return [*own, *cls.related_columns]
 
-class SubmissionFields(serializers.Serializer):
+    def to_representation(self, instance):
+        """ModelSerializer's output, read with a getter per field made once per page: DRF's
+        general attribute lookup is most of the time a page of 50 to 500 runs takes."""
+        if not hasattr(self, "_readers"):
+            self._readers = [_reader(field) for field in self._readable_fields]
+        return {name: None if (value := read(instance)) is None else show(value)
+                for name, read, show in self._readers}
+
+
+def _reader(field):
+    """(name, getter, representation) of a read-only field; an id field reads the id column."""
+    if isinstance(field, serializers.PrimaryKeyRelatedField):
+        return field.field_name, operator.attrgetter(f"{field.source}_id"), int
+    return field.field_name, operator.attrgetter(".".join(field.source_attrs)), field.to_representation
+
+
+def _refuse_big_overrides(overrides: list[str]) -> list[str]:
+    """Overrides whose values are plain YAML within the spec's limits; else a 400 at overrides.N."""
+    errors = {str(i): [why] for i, item in enumerate(overrides) if (why := override_refusal(item))}
+    if errors:
+        raise serializers.ValidationError(errors)
+    return overrides
+
+
+class SubmissionFields(StrictSerializer):
     """Fields shared by submit and validate."""
 
-    spec = serializers.JSONField(
+    spec = JSONObjectField(
+        decoder=StrictJSONDecoder,
         help_text="A RunSpec as an object (see /api/v1/spec/schema/); unset fields take the "
-        "algorithm's preset."
+        "algorithm's preset; at most 64 KiB as JSON and 16 levels deep.",
     )
     overrides = serializers.ListField(
         child=serializers.CharField(max_length=500), required=False, default=list, max_length=200,
@@ -224,7 +311,16 @@ class SubmissionFields(serializers.Serializer):
     def validate_spec(self, value):
         if not isinstance(value, dict):
             raise serializers.ValidationError("Must be a JSON object (a RunSpec).")
+        try:
+            check_spec_bounds(value)
+        except SpecError as exc:
+            [error] = exc.errors
+            field, message = error["field"], error["message"]
+            raise serializers.ValidationError({field: [message]} if field else [message]) from None
         return value
+
+    def validate_overrides(self, value):
+        return _refuse_big_overrides(value)
 
 
 class RunSubmitSerializer(SubmissionFields):
@@ -266,12 +362,28 @@ class ValidationResultSerializer(serializers.Serializer):
     clusters = FittingClusterSerializer(many=True, help_text="Clusters offering this device kind.")
 
 
-class CloneSerializer(serializers.Serializer):
+class CloneSerializer(StrictSerializer):
     name = serializers.CharField(max_length=128, required=False, allow_blank=True, default="")
     priority = serializers.IntegerField(min_value=-100, max_value=100, required=False)
     overrides = serializers.ListField(
         child=serializers.CharField(max_length=500), required=False, default=list, max_length=200
     )
+
+    def validate_overrides(self, value):
+        return _refuse_big_overrides(value)
+
+
+class MeProjectSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    name = serializers.CharField()
+    role = serializers.ChoiceField(choices=Role.choices)
+
+
+class MeSerializer(serializers.Serializer):
+    username = serializers.CharField()
+    is_staff = serializers.BooleanField()
+    projects = MeProjectSerializer(many=True, help_text="Your memberships.")
+    server_time = serializers.DateTimeField()
 
 
 class ErrorItemSerializer(serializers.Serializer):
@@ -332,10 +444,16 @@ class ActiveRunSerializer(serializers.Serializer):
     device_count = serializers.IntegerField()
 
 
+class OtherRunsSerializer(serializers.Serializer):
+    count = serializers.IntegerField(help_text="Active runs of projects you are not a member of.")
+    device_count = serializers.IntegerField(help_text="Devices those runs request.")
+
+
 class UtilisationSerializer(serializers.Serializer):
     cluster = serializers.CharField()
     status = serializers.CharField()
     last_probe_at = serializers.DateTimeField(allow_null=True)
     last_probe_error = serializers.CharField(allow_blank=True)
     kinds = serializers.DictField(child=KindUtilisationSerializer())
-    runs = ActiveRunSerializer(many=True)
+    runs = ActiveRunSerializer(many=True, help_text="Active runs of projects you can see.")
+    other_runs = OtherRunsSerializer(help_text="Active runs of other projects, only counted.")

@@ -4,6 +4,7 @@ from django.urls import path
 from rest_framework.routers import DefaultRouter
 
 from api import views
+from audit.api import AuditEntryViewSet
 
 router = DefaultRouter()
 router.register("clusters", views.ClusterViewSet, basename="cluster")
@@ -12,6 +13,8 @@ router.register("projects", views.ProjectViewSet, basename="project")
 router.register("experiments", views.ExperimentViewSet, basename="experiment")
 router.register("runs", views.RunViewSet, basename="run")
 router.register("tokens", views.TokenViewSet, basename="token")
+router.register("invitations", views.InvitationViewSet, basename="invitation")
+router.register("audit", AuditEntryViewSet, basename="audit")
 
 urlpatterns = [
     path("spec/schema/", views.SpecSchemaView.as_view(), name="spec-schema"),

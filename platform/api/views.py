@@ -6,8 +6,10 @@ from django.db import transaction
 from django.db.models import Count
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
-from rest_framework import mixins, status, viewsets
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import (OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view,
+                                   inline_serializer)
+from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import PermissionDenied
 from rest_framework.permissions import IsAuthenticated
@@ -16,13 +18,14 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts import services as membership_rules
-from accounts.choices import Role
-from accounts.models import ApiToken, Membership, Project
+from accounts.choices import InvitationState, Role
+from accounts.models import ApiToken, Invitation, Membership, Project
 from api import run_data
 from api import serializers as s
-from api.filters import NodeFilter, RunFilter
+from api.filters import ExperimentFilter, NodeFilter, RunFilter
 from api.pagination import RunCursorPagination
 from api.permissions import IsStaffOrReadOnly, ProjectRole, visible_projects
+from api.throttling import TokenCreateThrottle
 from clusters.choices import NodeState
 from clusters.models import Cluster, Node
 from clusters.services import fitting_clusters, set_node_state
@@ -55,8 +58,9 @@ class ClusterViewSet(viewsets.ModelViewSet):
     @extend_schema(responses={200: s.UtilisationSerializer})
     @action(detail=True, methods=["get"])
     def utilisation(self, request, pk=None):
-        """Devices by kind (total, healthy, held, free, held/healthy) and the runs holding them."""
-        return Response(run_data.utilisation(self.get_object()))
+        """Devices by kind (total, healthy, held, free, held/healthy) and the runs holding them:
+        yours by name, other projects' runs only as counts (`other_runs`). Staff see all."""
+        return Response(run_data.utilisation(self.get_object(), request.user))
 
 
 class NodeViewSet(viewsets.ModelViewSet):
@@ -105,21 +109,42 @@ class ProjectViewSet(viewsets.ModelViewSet):
         instance.delete()
 
     @extend_schema(responses={200: s.MembershipSerializer(many=True)}, methods=["GET"])
-    @extend_schema(request=s.MembershipSerializer, responses={201: s.MembershipSerializer, **ERRORS},
+    @extend_schema(request=s.InviteSerializer, responses={202: s.InvitationSerializer, **ERRORS},
                    methods=["POST"])
     @action(detail=True, methods=["get", "post"], pagination_class=None, filter_backends=[])
     def members(self, request, pk=None):
-        """List members (any member) or add one with a role (owners)."""
+        """List members (any member) or invite someone with a role (owners): they become a member
+        when they accept. The answer is the same whether or not the username exists."""
         project = self.get_object()
         if request.method == "GET":
             memberships = project.memberships.select_related("user")
             return Response(s.MembershipSerializer(memberships, many=True).data)
         membership_rules.require_owner(project, request.user)
-        serializer = s.MembershipSerializer(data=request.data)
+        serializer = s.InviteSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
-        membership = membership_rules.add_member(project, data["user"], data["role"])
-        return Response(s.MembershipSerializer(membership).data, status=status.HTTP_201_CREATED)
+        invitation = membership_rules.invite(project, data["username"], data["role"], request.user)
+        return Response(s.InvitationSerializer(invitation).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(responses={200: s.InvitationSerializer(many=True), **ERRORS})
+    @action(detail=True, methods=["get"], pagination_class=None, filter_backends=[])
+    def invitations(self, request, pk=None):
+        """The project's pending invitations (owners)."""
+        project = self.get_object()
+        membership_rules.require_owner(project, request.user)
+        pending = project.invitations.filter(state=InvitationState.PENDING).select_related("invited_by")
+        return Response(s.InvitationSerializer(pending, many=True).data)
+
+    @extend_schema(responses={204: None, **ERRORS})
+    @action(detail=True, methods=["delete"], url_path=r"invitations/(?P<invitation_id>[0-9]+)",
+            filter_backends=[])
+    def invitation(self, request, pk=None, invitation_id=None):
+        """Withdraw a pending invitation (owners)."""
+        project = self.get_object()
+        membership_rules.require_owner(project, request.user)
+        invitation = get_object_or_404(project.invitations, pk=invitation_id)
+        membership_rules.withdraw(invitation)
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
     @extend_schema(request=s.MembershipRoleSerializer, responses={200: s.MembershipSerializer, **ERRORS},
                    methods=["PATCH"])
@@ -145,7 +170,7 @@ class ProjectViewSet(viewsets.ModelViewSet):
 class ExperimentViewSet(viewsets.ModelViewSet):
     serializer_class = s.ExperimentSerializer
     permission_classes = [IsAuthenticated, ProjectRole]
-    filterset_fields = ["project"]
+    filterset_class = ExperimentFilter
     search_fields = ["name", "description"]
     ordering_fields = ["name", "created_at"]
 
@@ -195,11 +220,21 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):
             return Run.objects.none()
-        runs = Run.objects.filter(experiment__project__in=visible_projects(self.request.user))
-        runs = runs.select_related("experiment", "created_by", "cluster")
+        runs = Run.objects.select_related("experiment", "created_by", "cluster")
+        user = self.request.user
+        if not user.is_staff:  # staff see every run; members, runs of their projects (a semi-join)
+            runs = runs.filter(experiment__project_id__in=Membership.objects.filter(user=user)
+                               .values("project_id"))
+        if self.action == "list":
+            return runs.only(*s.RunListSerializer.columns())
         if self.action == "retrieve":
             runs = runs.prefetch_related("attempts__cluster")
         return runs
+
+    def filter_queryset(self, queryset):
+        if not self.request.query_params:  # no filter, search or ordering asked for
+            return queryset  # skips building the filter form of every request
+        return super().filter_queryset(queryset)
 
     def get_serializer_class(self):
         return {"list": s.RunListSerializer, "create": s.RunSubmitSerializer}.get(self.action, s.RunSerializer)
@@ -274,9 +309,14 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
             OpenApiParameter("attempt", int, description="Attempt number (default: the latest)."),
             OpenApiParameter("offset", int, description="Characters already read (default 0)."),
             OpenApiParameter("follow", bool, description="Stream server-sent events (`log`, "
-                             "then `end`) as the log grows; also with Accept: text/event-stream."),
+                             "then `end`) as the log grows; also with Accept: text/event-stream. "
+                             "At most ASCENT_LOG_STREAMS_PER_USER streams per user at once (429 "
+                             "with Retry-After beyond); a stream ends after "
+                             "ASCENT_LOG_STREAM_LIMIT_S: reconnect with the offset of `end`."),
         ],
-        responses={200: s.LogPageSerializer, **ERRORS})
+        responses={200: s.LogPageSerializer, **ERRORS,
+                   429: OpenApiResponse(s.ErrorSerializer, description="Too many open log "
+                                        "streams; retry after Retry-After seconds.")})
     @action(detail=True, methods=["get"], pagination_class=None, filter_backends=[],
             renderer_classes=[JSONRenderer, BrowsableAPIRenderer, run_data.EventStreamRenderer])
     def logs(self, request, pk=None):
@@ -284,7 +324,7 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
         run = self.get_object()
         follow = request.query_params.get("follow", "") in ("1", "true", "yes")
         if follow or "text/event-stream" in request.headers.get("Accept", ""):
-            return run_data.follow_logs(run, request.query_params)
+            return run_data.follow_logs(run, request)
         return Response(run_data.log_page(run, request.query_params))
 
     @extend_schema(
@@ -319,7 +359,8 @@ def _idempotency_key(request) -> str:
 class SpecSchemaView(APIView):
     """The RunSpec JSON Schema: what the submit form and pipelines build specs from."""
 
-    @extend_schema(responses={200: dict})
+    @extend_schema(responses={200: OpenApiResponse(
+        OpenApiTypes.OBJECT, description="A JSON Schema (draft 2020-12) document of RunSpec.")})
     def get(self, request):
         return Response(spec_json_schema())
 
@@ -327,7 +368,9 @@ class SpecSchemaView(APIView):
 class SpecPresetsView(APIView):
     """Per-algorithm defaults that fill every field a submitted spec leaves out."""
 
-    @extend_schema(responses={200: dict})
+    @extend_schema(responses={200: inline_serializer("SpecPresets", {
+        name: serializers.JSONField(help_text=f"The {name} preset: a partial RunSpec.")
+        for name in PRESETS})})
     def get(self, request):
         return Response(PRESETS)
 
@@ -335,7 +378,10 @@ class SpecPresetsView(APIView):
 # --- tokens ---------------------------------------------------------------------------------
 
 @extend_schema_view(
-    create=extend_schema(responses={201: s.NewTokenSerializer}),
+    create=extend_schema(responses={
+        201: s.NewTokenSerializer, 400: ERRORS[400],
+        429: OpenApiResponse(s.ErrorSerializer, description="Too many new tokens "
+                             "(ASCENT_TOKEN_CREATE_RATE); retry after Retry-After seconds.")}),
     destroy=extend_schema(summary="Revoke a token (it stays listed, inactive)."),
 )
 class TokenViewSet(mixins.ListModelMixin, mixins.CreateModelMixin, mixins.RetrieveModelMixin,
@@ -349,6 +395,10 @@ class TokenViewSet(mixins.ListModelMixin, mixins.CreateModelMixin, mixins.Retrie
             return ApiToken.objects.none()
         return ApiToken.objects.filter(user=self.request.user)
 
+    def get_throttles(self):
+        throttles = super().get_throttles()
+        return [*throttles, TokenCreateThrottle()] if self.action == "create" else throttles
+
     def create(self, request, *args, **kwargs):
         serializer = s.TokenSerializer(data=request.data, context=self.get_serializer_context())
         serializer.is_valid(raise_exception=True)
@@ -359,10 +409,37 @@ class TokenViewSet(mixins.ListModelMixin, mixins.CreateModelMixin, mixins.Retrie
         instance.revoke()
 
 
+class InvitationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """Invitations waiting for your answer: accept one to join its project, or decline it."""
+
+    serializer_class = s.InvitationSerializer
+    pagination_class = None
+    filter_backends = []
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return Invitation.objects.none()
+        return membership_rules.pending_invitations_of(self.request.user).select_related(
+            "project", "invited_by")
+
+    @extend_schema(request=None, responses={200: s.MembershipSerializer, **ERRORS})
+    @action(detail=True, methods=["post"])
+    def accept(self, request, pk=None):
+        membership = membership_rules.accept(self.get_object(), request.user)
+        return Response(s.MembershipSerializer(membership).data)
+
+    @extend_schema(request=None, responses={200: s.InvitationSerializer, **ERRORS})
+    @action(detail=True, methods=["post"])
+    def decline(self, request, pk=None):
+        invitation = self.get_object()
+        membership_rules.decline(invitation, request.user)
+        return Response(s.InvitationSerializer(invitation).data)
+
+
 class MeView(APIView):
     """Who the request is authenticated as."""
 
-    @extend_schema(responses={200: dict})
+    @extend_schema(responses={200: s.MeSerializer})
     def get(self, request):
         user = request.user
         return Response({

@@ -1,4 +1,6 @@
-"""ASGI entry point, for servers that stream (server-sent events of run logs)."""
+"""ASGI entry point of the web service in production, where run logs stream as server-sent
+events without a thread each: `gunicorn ascent.asgi:application -k uvicorn_worker.UvicornWorker`
+with platform/ and the repository root on the Python path (docs/operations.md)."""
 
 import os
 

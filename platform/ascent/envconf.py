@@ -95,3 +95,15 @@ def env_database(name: str, default: str, environ_: Mapping[str, str] | None = N
     if config["ENGINE"].endswith("sqlite3") and config["NAME"] in ("", ":memory:"):
         raise _bad(name, url, "sqlite:////absolute/path.sqlite3 (a file, so every process sees it)")
     return config
+
+
+_RATE_PERIODS = ("s", "sec", "second", "m", "min", "minute", "h", "hour", "d", "day")
+
+
+def env_rate(name: str, default: str, environ_: Mapping[str, str] | None = None) -> str:
+    """A request rate such as "60/min": a whole number, a slash and s, min, hour or day."""
+    value = _raw(name, environ_) or default
+    count, _, period = value.partition("/")
+    if not count.isdigit() or int(count) < 1 or period not in _RATE_PERIODS:
+        raise _bad(name, value, "a rate such as 60/min (a positive number / s, min, hour or day)")
+    return value

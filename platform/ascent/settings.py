@@ -8,9 +8,13 @@ uses `ascent.settings_production`, which refuses unsafe values.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
-from ascent.envconf import env_bool, env_database, env_int, env_list, env_str, env_url
+from csp.constants import NONE, SELF
+from django.core.exceptions import ImproperlyConfigured
+
+from ascent.envconf import env_bool, env_database, env_int, env_list, env_rate, env_str, env_url
 
 BASE_DIR = Path(__file__).resolve().parents[2]
 VAR_DIR = Path(env_str("ASCENT_VAR_DIR", str(BASE_DIR / "var")))
@@ -33,24 +37,49 @@ INSTALLED_APPS = [
     "django_filters",
     "drf_spectacular",
     "drf_spectacular_sidecar",
+    "csp",
     "accounts",
     "clusters",
     "experiments",
     "api",
     "frontend",
+    "axes",
+    "audit",
 ]
 
 MIDDLEWARE = [
     "ascent.middleware.BodySizeLimitMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    "csp.middleware.CSPMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # Records successful writes (API, UI forms, admin) in the audit log.
+    "audit.middleware.AuditMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "frontend.middleware.NotFoundPageMiddleware",
+    # Last: turns a locked-out sign-in into the sign-in page with a 429 (AXES_LOCKOUT_CALLABLE).
+    "axes.middleware.AxesMiddleware",
 ]
+
+# Content-Security-Policy on every response, the same in development, tests and production: the
+# UI loads its scripts and styles only as static files (no inline code, no style attributes; htmx's
+# indicator styles are in app.css). The API docs page adds a nonce for its inline code (urls.py).
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": [SELF],
+        "script-src": [SELF],
+        "style-src": [SELF],
+        "img-src": [SELF, "data:"],
+        "connect-src": [SELF],
+        "object-src": [NONE],
+        "base-uri": [SELF],
+        "form-action": [SELF],
+        "frame-ancestors": [NONE],
+    },
+}
 
 ROOT_URLCONF = "ascent.urls"
 WSGI_APPLICATION = "ascent.wsgi.application"
@@ -115,6 +144,7 @@ CELERY_BEAT_SCHEDULE = {
                        "schedule": env_int("ASCENT_RECONCILE_EVERY_S", 30, minimum=1)},
     "probe-clusters": {"task": "workers.tasks.probe_clusters",
                        "schedule": env_int("ASCENT_PROBE_EVERY_S", 30, minimum=1)},
+    "purge-audit-log": {"task": "workers.tasks.purge_audit_log", "schedule": 24 * 3600},
 }
 
 # Dispatch. Each run's training output (checkpoints, metrics file) lives in
@@ -159,11 +189,59 @@ LOGIN_URL = "frontend:sign-in"
 LOGIN_REDIRECT_URL = "frontend:dashboard"
 LOGOUT_REDIRECT_URL = "frontend:sign-in"
 
+# Client addresses: X-Forwarded-For is believed only behind a proxy that sets it (its right-most
+# entry, the one the proxy added); otherwise the connection's address is used.
+ASCENT_BEHIND_PROXY = env_bool("ASCENT_BEHIND_PROXY", False)
+# Audit log entries older than this many days are deleted daily (0 = keep them forever).
+ASCENT_AUDIT_RETENTION_DAYS = env_int("ASCENT_AUDIT_RETENTION_DAYS", 365, minimum=0)
+
+# Sign-in lockout (django-axes) for the sign-in page and /admin/login/: after this many failures
+# for one username from one address, even the right password is refused for the cool-off
+# (counted from the last failure). A success resets the count; `manage.py axes_reset` unlocks.
+ASCENT_LOGIN_FAILURE_LIMIT = env_int("ASCENT_LOGIN_FAILURE_LIMIT", 10, minimum=1)
+ASCENT_LOGIN_COOLOFF_MINUTES = env_int("ASCENT_LOGIN_COOLOFF_MINUTES", 15, minimum=1)
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = ASCENT_LOGIN_FAILURE_LIMIT
+AXES_COOLOFF_TIME = timedelta(minutes=ASCENT_LOGIN_COOLOFF_MINUTES)
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_HTTP_RESPONSE_CODE = 429
+AXES_LOCKOUT_CALLABLE = "frontend.views.sign_in.locked_out"
+# The same client address as the API's limits (ASCENT_BEHIND_PROXY decides about X-Forwarded-For).
+AXES_CLIENT_IP_CALLABLE = "accounts.authentication.client_ip"
+
 # Request bodies above this size are answered 413 before any view reads them.
 ASCENT_MAX_BODY_BYTES = env_int("ASCENT_MAX_BODY_BYTES", 1_048_576, minimum=1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = ASCENT_MAX_BODY_BYTES
 # API tokens live this many days unless the creator asks otherwise (0 = never expire).
 ASCENT_TOKEN_DEFAULT_DAYS = env_int("ASCENT_TOKEN_DEFAULT_DAYS", 90, minimum=0)
+# No token may live longer than this many days (0 = no limit, and only then may one never expire).
+ASCENT_TOKEN_MAX_DAYS = env_int("ASCENT_TOKEN_MAX_DAYS", 365, minimum=0)
+if ASCENT_TOKEN_MAX_DAYS and not 0 < ASCENT_TOKEN_DEFAULT_DAYS <= ASCENT_TOKEN_MAX_DAYS:
+    raise ImproperlyConfigured(
+        f"ASCENT_TOKEN_DEFAULT_DAYS={ASCENT_TOKEN_DEFAULT_DAYS} exceeds ASCENT_TOKEN_MAX_DAYS="
+        f"{ASCENT_TOKEN_MAX_DAYS} (0 means never expires): set it between 1 and "
+        f"{ASCENT_TOKEN_MAX_DAYS}, or raise ASCENT_TOKEN_MAX_DAYS."
+    )
+
+# API rate limits (DRF throttles, api/throttling.py): per token or signed-in user, per address for
+# anonymous requests, and token creation per user. A refused request is a 429 with Retry-After.
+ASCENT_API_RATE_USER = env_rate("ASCENT_API_RATE_USER", "1200/min")
+ASCENT_API_RATE_ANON = env_rate("ASCENT_API_RATE_ANON", "60/min")
+ASCENT_TOKEN_CREATE_RATE = env_rate("ASCENT_TOKEN_CREATE_RATE", "20/hour")
+# Failed bearer tokens per client address: beyond this many within the window, every bearer
+# request from that address is a 429 until the window ends, before any token is looked up.
+ASCENT_TOKEN_FAILURE_LIMIT = env_int("ASCENT_TOKEN_FAILURE_LIMIT", 20, minimum=1)
+ASCENT_TOKEN_FAILURE_WINDOW_S = env_int("ASCENT_TOKEN_FAILURE_WINDOW_S", 600, minimum=1)
+# Live log streams (server-sent events): open at once per user (more are answered 429), a
+# keep-alive comment after this many quiet seconds, and the seconds after which a stream ends
+# (the client reconnects from its offset).
+ASCENT_LOG_STREAMS_PER_USER = env_int("ASCENT_LOG_STREAMS_PER_USER", 4, minimum=1)
+ASCENT_LOG_STREAM_HEARTBEAT_S = env_int("ASCENT_LOG_STREAM_HEARTBEAT_S", 15, minimum=1)
+ASCENT_LOG_STREAM_LIMIT_S = env_int("ASCENT_LOG_STREAM_LIMIT_S", 300, minimum=1)
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -178,8 +256,18 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PAGINATION_CLASS": "api.pagination.PageNumberPagination",
     "PAGE_SIZE": 50,
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "api.schema.AscentAutoSchema",
     "EXCEPTION_HANDLER": "api.errors.exception_handler",
+    # JSON without NaN/Infinity and with bounded nesting (api/parsers.py), then DRF's form parsers.
+    "DEFAULT_PARSER_CLASSES": [
+        "api.parsers.StrictJSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
+    "DEFAULT_THROTTLE_CLASSES": ["api.throttling.UserRateThrottle", "api.throttling.AnonRateThrottle"],
+    "DEFAULT_THROTTLE_RATES": {"user": ASCENT_API_RATE_USER, "anon": ASCENT_API_RATE_ANON,
+                               "token-create": ASCENT_TOKEN_CREATE_RATE},
+    "NUM_PROXIES": 1 if ASCENT_BEHIND_PROXY else 0,
     "DEFAULT_RENDERER_CLASSES": [
         "rest_framework.renderers.JSONRenderer",
         "rest_framework.renderers.BrowsableAPIRenderer",

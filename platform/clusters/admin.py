@@ -13,8 +13,14 @@ class NodeInline(admin.TabularInline):
 @admin.register(Cluster)
 class ClusterAdmin(admin.ModelAdmin):
     list_display = ["name", "device_type", "status", "ray_address", "free_devices", "last_probe_at"]
-    list_filter = ["device_type", "status"]
+    list_filter = ["device_type", "status", "allow_trust_remote_code"]
     search_fields = ["name", "ray_address"]
+    fieldsets = [
+        (None, {"fields": ["name", "device_type", "ray_address", "status", "labels",
+                           "last_probe_at", "last_probe_error"]}),
+        ("Path policy (empty roots: no restriction)", {"fields": [
+            "model_roots", "data_roots", "output_roots", "allow_trust_remote_code"]}),
+    ]
     inlines = [NodeInline]
 
     @admin.display(description="free / healthy")

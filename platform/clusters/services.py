@@ -1,4 +1,4 @@
-"""Capacity arithmetic and node actions."""
+"""Capacity arithmetic, node actions and the clusters' path policies."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from django.db.models import Sum
 
 from clusters.choices import DeviceKind, NodeState, kind_of
 from clusters.models import Cluster, Node
+from rl_core.paths import PathPolicy, check_paths
 
 
 @dataclass(frozen=True)
@@ -88,3 +89,16 @@ def fitting_clusters(device_request: dict, cluster: Cluster | None = None) -> li
             free = capacity.free if capacity else 0
             result.append({"name": candidate.name, "free": free, "fits_now": free >= count})
     return result
+
+
+def path_refusals(spec_data, clusters) -> dict[str, list[dict[str, str]]]:
+    """Cluster name -> the paths of the spec (a RunSpec or its mapping) its policy refuses."""
+    return {cluster.name: check_paths(spec_data, cluster.path_policy()) for cluster in clusters}
+
+
+def clusters_allowing(spec_data, policies: list[PathPolicy]) -> frozenset[str] | None:
+    """Names of the clusters whose path policy (`Cluster.path_policy()`) allows the spec; None
+    when no policy restricts anything (every cluster allows it)."""
+    if all(policy.unrestricted for policy in policies):
+        return None
+    return frozenset(p.cluster for p in policies if p.unrestricted or not check_paths(spec_data, p))

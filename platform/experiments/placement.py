@@ -20,6 +20,11 @@ fewest free devices of that kind left after placing it, ties by cluster name. Pl
 takes its devices from the pass's copy of `free` (the argument is never changed). Once
 `max_placements` runs are placed, the rest wait.
 
+Path policy. An unpinned run whose spec names paths that some clusters' path policies refuse
+carries `allowed`, the names of the clusters that accept it (None: any cluster); it is placed,
+reserves and is told why it waits only among those clusters. A pinned run was checked against its
+cluster at submit.
+
 Reservation (head-of-line fairness, only when `total` is given). When a run does not fit now
 but could on some cluster whose `total` healthy devices of its kind are at least what it asks,
 it reserves one such cluster for the rest of the pass: its best candidate, the one among them
@@ -43,13 +48,16 @@ Reasons, one per waiting run, in the first case that applies:
 - "needs 4 npu devices; cluster npu-b has 2 free" (pinned)
 - "needs 8 npu devices; largest free on any cluster: 4 (npu-a)" (unpinned; over every cluster
   with devices of that kind)
+- with `allowed`: "no cluster whose path policy allows this run has npu devices", and the
+  largest-cluster and largest-free reasons say "... a cluster its path policy allows"
 
 Calling it from a service. The scheduling service builds the inputs from the database and acts
 on the result; this module stays free of Django:
 
 - queue: the `experiments.models.Run` rows in state `RunState.QUEUED`, each as
   `QueuedRun(run.id, run.priority, run.created_at.timestamp(), run.device_type,
-  run.device_count, run.cluster.name if run.cluster_id else None)` (`select_related("cluster")`);
+  run.device_count, run.cluster.name if run.cluster_id else None, allowed)`
+  (`select_related("cluster")`), `allowed` from `clusters.services.clusters_allowing`;
 - free and total: for each cluster, `caps = clusters.services.cluster_capacity(cluster)`, then
   `free[cluster.name] = {kind: cap.free for kind, cap in caps.items()}` and
   `total[cluster.name] = {kind: cap.healthy for kind, cap in caps.items()}` (healthy devices on
@@ -80,6 +88,8 @@ class QueuedRun:
     device_type: str  # "npu" | "gpu" | "cpu" (clusters.choices.DeviceKind values)
     device_count: int
     cluster: str | None  # the cluster it is pinned to, or None: any cluster that fits
+    # Unpinned: the clusters whose path policy allows its spec; None: every cluster.
+    allowed: frozenset[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -194,7 +204,10 @@ class _Pass:
             return None
         else:
             best, best_left = None, 0
+            allowed = run.allowed
             for cluster, free in pool.items():  # best fit: fewest left over, ties by name
+                if allowed is not None and cluster not in allowed:
+                    continue
                 left = free - need
                 if left >= 0 and (best is None or left < best_left):
                     best, best_left = cluster, left
@@ -208,17 +221,15 @@ class _Pass:
 
     def _most_free(self, kind: str) -> tuple[int, str]:
         if kind not in self.most_free:
-            most, cluster = -1, ""
-            for name, free in _all_free(self.open[kind], self.held[kind]):
-                if free > most or (free == most and name < cluster):
-                    most, cluster = free, name
-            self.most_free[kind] = (most, cluster)
+            self.most_free[kind] = _most_free_of(self.open[kind], self.held[kind])
         return self.most_free[kind]
 
     def wait(self, run: QueuedRun) -> str:
         """Why a run that did not fit waits; reserves its best candidate when it may."""
         if run.cluster is not None:
             return self._wait_pinned(run, run.cluster)
+        if run.allowed is not None:
+            return self._wait_allowed(run, run.allowed)
         kind, need = run.device_type, run.device_count
         pool, held = self.open.get(kind, {}), self.held.get(kind, {})
         if not pool and not held:
@@ -236,6 +247,27 @@ class _Pass:
             return _blocked(held, blocker)
         free, cluster = self._most_free(kind)
         return f"needs {need} {kind} devices; largest free on any cluster: {free} ({cluster})"
+
+    def _wait_allowed(self, run: QueuedRun, allowed: frozenset[str]) -> str:
+        """`wait` for an unpinned run that only the clusters in `allowed` may take."""
+        kind, need = run.device_type, run.device_count
+        pool = {c: n for c, n in self.open.get(kind, {}).items() if c in allowed}
+        held = {c: h for c, h in self.held.get(kind, {}).items() if c in allowed}
+        if not pool and not held:
+            return f"no cluster whose path policy allows this run has {kind} devices"
+        if self.reserving:
+            least, biggest = min((-n, c) for c, n in self.totals[kind].items() if c in allowed)
+            healthy = -least
+            if healthy < need:
+                return (f"needs {need} {kind} devices; largest cluster its path policy allows: "
+                        f"{healthy} healthy ({biggest})")
+        free, cluster = _most_free_of(pool, held)
+        blocker = _best_fit_held(held, need) if free >= need else None
+        self._reserve_best(run, pool)
+        if blocker is not None:
+            return _blocked(held, blocker)
+        return (f"needs {need} {kind} devices; largest free on a cluster its path policy "
+                f"allows: {free} ({cluster})")
 
     def _wait_pinned(self, run: QueuedRun, cluster: str) -> str:
         kind, need = run.device_type, run.device_count
@@ -282,6 +314,15 @@ def _best_fit_held(held: dict[str, tuple[int, int]], need: int) -> str | None:
 
 def _blocked(held: dict[str, tuple[int, int]], cluster: str) -> str:
     return f"blocked behind higher-priority run {held[cluster][1]} (reserving {cluster})"
+
+
+def _most_free_of(pool: dict[str, int], held: dict[str, tuple[int, int]]) -> tuple[int, str]:
+    """(most free devices on one cluster, reserved or not, that cluster; ties by name)."""
+    most, cluster = -1, ""
+    for name, free in _all_free(pool, held):
+        if free > most or (free == most and name < cluster):
+            most, cluster = free, name
+    return most, cluster
 
 
 def _all_free(pool: dict[str, int], held: dict[str, tuple[int, int]]) -> Iterator[tuple[str, int]]:

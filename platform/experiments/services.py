@@ -13,6 +13,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.db.models.functions import Coalesce
@@ -20,8 +21,10 @@ from django.utils import timezone
 
 from clusters.choices import DeviceKind
 from clusters.models import Cluster
+from clusters.services import path_refusals
 from experiments.choices import ACTIVE_STATES, TERMINAL_STATES, RunState, can_transition
 from experiments.models import Experiment, Run, RunEvent
+from rl_core.paths import check_paths
 from rl_core.rewards import registry as reward_registry
 from rl_core.spec import RunSpec, SpecError, resolve_spec
 
@@ -156,11 +159,57 @@ def check_rewards(spec: RunSpec) -> None:
         raise SpecError(errors)
 
 
+def as_launched(spec: RunSpec) -> dict:
+    """The spec's paths as the job sees them: dispatch writes the output under ASCENT_RUNS_DIR
+    (`run-<id>`) and drops `trainer.resume_path` (a restart resumes from that folder)."""
+    data = spec.model_dump(mode="json")
+    data["trainer"]["output_dir"] = str(settings.ASCENT_RUNS_DIR)
+    data["trainer"].pop("resume_path", None)
+    return data
+
+
+def _explained(errors: list[dict[str, str]]) -> list[dict[str, str]]:
+    note = (" (the platform writes every run's output under ASCENT_RUNS_DIR: an admin must add "
+            "it to the cluster's output_roots)")
+    return [{**e, "message": e["message"] + note} if e["field"] == "trainer.output_dir" else e
+            for e in errors]
+
+
+def check_path_policy(spec: RunSpec, cluster: Cluster | None) -> None:
+    """The named cluster's path policy must allow the spec; without one, at least one cluster
+    offering the device kind must (placement then only considers those)."""
+    data = as_launched(spec)
+    if cluster is not None:
+        errors = check_paths(data, cluster.path_policy())
+        if errors:
+            raise SpecError(_explained(errors))
+        return
+    kind = spec.device_request()["device_type"]
+    candidates = Cluster.objects.all() if kind == DeviceKind.CPU else Cluster.objects.filter(
+        device_type=kind)
+    refusals = path_refusals(data, candidates)
+    if refusals and all(refusals.values()):
+        raise SpecError(_merged(refusals, kind))
+
+
+def _merged(refusals: dict[str, list[dict[str, str]]], kind: str) -> list[dict[str, str]]:
+    """One error per refused field, with what each cluster offering `kind` said."""
+    by_field: dict[str, list[str]] = {}
+    for errors in refusals.values():
+        for error in _explained(errors):
+            by_field.setdefault(error["field"], []).append(error["message"])
+    names = ", ".join(sorted(refusals))
+    return [{"field": field, "message": f"no cluster offering {kind} devices ({names}) allows "
+             f"this path: {'; '.join(messages)}. Change the path or ask an admin."}
+            for field, messages in by_field.items()]
+
+
 def prepare(submission: Submission) -> RunSpec:
     """Resolve and check a submission without saving anything (the dry run)."""
     spec = resolve_spec(submission.spec, submission.overrides)
     check_rewards(spec)
     check_cluster(spec, submission.cluster)
+    check_path_policy(spec, submission.cluster)
     return spec
 
 

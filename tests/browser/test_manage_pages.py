@@ -11,6 +11,7 @@ from django.utils import timezone
 from playwright.sync_api import expect
 
 from accounts.models import ApiToken
+from accounts.services import invite
 from clusters.models import Cluster, Node
 from experiments.models import Attempt, Experiment, Run
 from tests.browser.conftest import screenshot
@@ -123,7 +124,7 @@ def test_the_admin_drains_and_undrains_a_node(page, sign_in, team, fleet):
     assert Node.objects.get(hostname="npu-sh-01").state == "ready"
 
 
-def test_the_owner_adds_a_member_and_creates_and_revokes_a_token(page, sign_in, team):
+def test_the_owner_invites_a_member_and_creates_and_revokes_a_token(page, sign_in, team):
     owner, now = team["users"]["owner"], timezone.now()
     laptop, _ = ApiToken.issue(owner, "laptop", expires_at=now + timedelta(days=60))
     ApiToken.objects.filter(pk=laptop.pk).update(last_used_at=now - timedelta(hours=2))
@@ -138,9 +139,10 @@ def test_the_owner_adds_a_member_and_creates_and_revokes_a_token(page, sign_in, 
     alpha = page.get_by_test_id("project-alpha")
     alpha.get_by_label("Username").fill("stranger")
     alpha.get_by_label("Role", exact=True).select_option("maintainer")
-    alpha.get_by_role("button", name="Add member").click()
-    expect(page.locator(".messages")).to_contain_text("Added stranger to alpha as maintainer.")
-    expect(alpha.get_by_test_id("role-stranger")).to_have_text("Maintainer")
+    alpha.get_by_role("button", name="Invite").click()
+    expect(page.locator(".messages")).to_contain_text("Invited stranger to alpha as maintainer")
+    expect(alpha.get_by_test_id("pending-alpha-stranger")).to_contain_text("Maintainer")
+    expect(alpha.get_by_test_id("member-stranger")).to_have_count(0)
 
     page.get_by_label("Token name").fill("ci-pipeline")
     page.get_by_label("Expires in (days)").fill("30")
@@ -175,3 +177,18 @@ def test_a_viewer_sees_no_write_buttons(page, sign_in, team, fleet):
     expect(alpha.get_by_role("button")).to_have_count(0)
     expect(alpha.locator("select, input")).to_have_count(0)
     expect(alpha).to_contain_text("Only its owners manage its members.")
+
+
+def test_the_invitee_accepts_on_the_settings_page(page, sign_in, team):
+    stranger = team["users"]["stranger"]
+    invite(team["project"], "stranger", "viewer", team["users"]["owner"])
+    sign_in(stranger)
+    page.goto("/settings/")
+    expect(page.get_by_test_id("no-projects")).to_be_visible()
+    row = page.get_by_test_id("invitation-alpha")
+    expect(row).to_contain_text("Viewer")
+    row.get_by_role("button", name="Accept the invitation to alpha").click()
+    expect(page.locator(".messages")).to_contain_text("You joined alpha as viewer.")
+    expect(page.get_by_test_id("project-alpha").get_by_test_id("member-stranger")).to_be_visible()
+    expect(page.get_by_test_id("invitations")).to_have_count(0)
+    assert team["project"].role_of(stranger) == "viewer"

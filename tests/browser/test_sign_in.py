@@ -39,3 +39,18 @@ def test_a_run_of_another_project_is_a_404_page(page, team, sign_in, console):
     expect(page.get_by_test_id("not-found")).to_contain_text(f"Run {run.pk} does not exist")
     expect(page.locator("body")).not_to_contain_text("Traceback")
     screenshot(page, "not-found")
+
+
+def test_too_many_failed_sign_ins_lock_the_form(page, team, console):
+    console.expect(r"status of 429")  # the browser reports the locked page's status
+    page.goto("/sign-in/")
+    for _ in range(10):
+        page.get_by_label("Username").fill("owner")
+        page.get_by_label("Password").fill("wrong password")
+        page.get_by_role("button", name="Sign in").click()
+    page.get_by_label("Password").fill("owner-pass-123")
+    page.get_by_role("button", name="Sign in").click()
+    expect(page.get_by_test_id("locked-out")).to_contain_text(
+        "Too many failed sign-ins; try again in 15 minutes")
+    expect(page).to_have_url(re.compile(r"/sign-in/$"))
+    expect(page.get_by_test_id("username")).to_have_count(0)  # not signed in

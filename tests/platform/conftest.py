@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.test import Client
 from rest_framework.test import APIClient
 
 from accounts.choices import Role
@@ -59,6 +60,26 @@ def cluster(db):
     Node.objects.create(cluster=cluster, hostname="n1", device_type="ascend-910b", device_count=8,
                         healthy_device_count=8, cpu_count=192)
     return cluster
+
+
+@pytest.fixture
+def login(users):
+    """A fresh web UI client signed in as a persona: `login("owner")`."""
+    def login(name: str) -> Client:
+        client = Client()
+        client.force_login(users[name])
+        return client
+
+    return login
+
+
+@pytest.fixture
+def signed_in(client, users):
+    """pytest-django's `client`, signed in as a persona: `signed_in("owner")`."""
+    def sign_in(name):
+        client.force_login(users[name])
+        return client
+    return sign_in
 
 
 def client_for(user) -> APIClient:

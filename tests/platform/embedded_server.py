@@ -47,26 +47,33 @@ def manage(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
 @contextmanager
 def runserver(env: dict[str, str], port: int, log_path: Path) -> Iterator[str]:
     """`manage.py runserver` until /healthz answers; yields the base URL, stops it on exit."""
+    command = [sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"]
+    with serve(command, env, port, log_path) as base:
+        yield base
+
+
+@contextmanager
+def serve(command: list[str], env: dict[str, str], port: int, log_path: Path) -> Iterator[str]:
+    """A web server process (its own process group) until /healthz answers on `port`; yields the
+    base URL and stops the whole group on exit."""
     with log_path.open("w") as log:
-        server = subprocess.Popen(
-            [sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"],
-            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )
-        base = f"http://127.0.0.1:{port}"
+        server = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log,
+                                  stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while not _healthy(base):
+            assert server.poll() is None, f"the server exited:\n{log_path.read_text()}"
+            assert time.monotonic() < deadline, f"/healthz silent for 60 s:\n{log_path.read_text()}"
+            time.sleep(0.2)
+        yield base
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
         try:
-            deadline = time.monotonic() + 60
-            while not _healthy(base):
-                assert server.poll() is None, f"the server exited:\n{log_path.read_text()}"
-                assert time.monotonic() < deadline, f"/healthz silent for 60 s:\n{log_path.read_text()}"
-                time.sleep(0.2)
-            yield base
-        finally:
-            server.send_signal(signal.SIGTERM)
-            try:
-                server.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait(timeout=10)
+            server.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait(timeout=10)
 
 
 def _healthy(base: str) -> bool:

@@ -1,13 +1,15 @@
 """Every endpoint, as each persona: owner, maintainer, viewer, stranger, admin (staff), anonymous.
 
 A stranger gets 404 for a project's objects (they are invisible, not forbidden); a viewer gets 403
-for writes; anonymous requests get 401.
+for writes; anonymous requests get 401. An invitation exists only for the invited user (and the
+project's owners).
 """
 
 from __future__ import annotations
 
 import pytest
 
+from accounts.services import invite
 from experiments.services import Submission, submit_run
 
 O, M, V, S, A, N = "owner", "maintainer", "viewer", "stranger", "admin", "anonymous"
@@ -21,6 +23,7 @@ CASES = [
     # clusters and nodes: staff write, everyone signed in reads
     ("get", "/api/v1/clusters/", None, expect(200, 200, 200, 200, 200)),
     ("get", "/api/v1/clusters/{cluster}/", None, expect(200, 200, 200, 200, 200)),
+    ("get", "/api/v1/clusters/{cluster}/utilisation/", None, expect(200, 200, 200, 200, 200)),
     ("post", "/api/v1/clusters/", {"name": "gpu-x", "device_type": "gpu", "ray_address": "http://x:8265"},
      expect(403, 403, 403, 403, 201)),
     ("patch", "/api/v1/clusters/{cluster}/", {"labels": {"zone": "b"}}, expect(403, 403, 403, 403, 200)),
@@ -40,7 +43,15 @@ CASES = [
     ("delete", "/api/v1/projects/{project}/", None, expect(409, 403, 403, 404, 409)),
     ("get", "/api/v1/projects/{project}/members/", None, expect(200, 200, 200, 404, 200)),
     ("post", "/api/v1/projects/{project}/members/", {"username": "stranger", "role": "viewer"},
-     expect(201, 403, 403, 404, 201)),
+     expect(202, 403, 403, 404, 202)),
+    ("get", "/api/v1/projects/{project}/invitations/", None, expect(200, 403, 403, 404, 200)),
+    ("delete", "/api/v1/projects/{project}/invitations/{invitation}/", None,
+     expect(204, 403, 403, 404, 204)),
+    # invitations: only the invited user (here the stranger) sees and answers theirs
+    ("get", "/api/v1/invitations/", None, expect(200, 200, 200, 200, 200)),
+    ("get", "/api/v1/invitations/{invitation}/", None, expect(404, 404, 404, 200, 404)),
+    ("post", "/api/v1/invitations/{invitation}/accept/", None, expect(404, 404, 404, 200, 404)),
+    ("post", "/api/v1/invitations/{invitation}/decline/", None, expect(404, 404, 404, 200, 404)),
     ("patch", "/api/v1/projects/{project}/members/viewer/", {"role": "maintainer"},
      expect(200, 403, 403, 404, 200)),
     ("delete", "/api/v1/projects/{project}/members/viewer/", None, expect(204, 403, 403, 404, 204)),
@@ -74,8 +85,10 @@ CASES = [
 @pytest.fixture
 def objects(project, experiment, cluster, users, tiny_spec):
     run, _ = submit_run(experiment, users[O], Submission(spec=tiny_spec))
+    invitation = invite(project, "stranger", "viewer", users[O])
     return {"project": project.pk, "experiment": experiment.pk, "cluster": cluster.pk,
-            "node": cluster.nodes.get().pk, "run": run.pk, "spec": tiny_spec}
+            "node": cluster.nodes.get().pk, "run": run.pk, "spec": tiny_spec,
+            "invitation": invitation.pk}
 
 
 def fill(value, objects):
@@ -104,3 +117,15 @@ def test_lists_show_only_what_the_persona_may_see(clients, objects):
     for persona, visible in ((O, 1), (V, 1), (S, 0), (A, 1)):
         for path in ("/api/v1/projects/", "/api/v1/experiments/", "/api/v1/runs/"):
             assert len(clients[persona].get(path).json()["results"]) == visible, (persona, path)
+
+
+@pytest.mark.parametrize(("persona", "named", "counted"), [
+    (O, 1, 0), (M, 1, 0), (V, 1, 0), (S, 0, 1), (A, 1, 0)])
+def test_utilisation_names_only_the_runs_the_persona_may_see(clients, objects, cluster, persona,
+                                                             named, counted):
+    from experiments.models import Run
+
+    Run.objects.filter(pk=objects["run"]).update(state="RUNNING", cluster=cluster, device_count=8)
+    body = clients[persona].get(f"/api/v1/clusters/{cluster.pk}/utilisation/").json()
+    assert [r["id"] for r in body["runs"]] == [objects["run"]] * named
+    assert body["other_runs"] == {"count": counted, "device_count": 8 * counted}

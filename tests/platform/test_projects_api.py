@@ -20,7 +20,9 @@ def test_a_project_name_is_unique_and_a_slug(clients, project):
 def test_owners_manage_members(clients, project, users):
     owner = clients["owner"]
     url = f"/api/v1/projects/{project.pk}/members/"
-    assert owner.post(url, {"username": "stranger", "role": "viewer"}, format="json").status_code == 201
+    invited = owner.post(url, {"username": "stranger", "role": "viewer"}, format="json")
+    assert invited.status_code == 202 and project.role_of(users["stranger"]) is None
+    clients["stranger"].post(f"/api/v1/invitations/{invited.json()['id']}/accept/")
     assert project.role_of(users["stranger"]) == "viewer"
     assert clients["stranger"].get(f"/api/v1/projects/{project.pk}/").status_code == 200
     assert owner.patch(f"{url}stranger/", {"role": "maintainer"}, format="json").json()["role"] == "maintainer"
@@ -31,11 +33,20 @@ def test_owners_manage_members(clients, project, users):
 def test_member_input_is_checked(clients, project):
     url = f"/api/v1/projects/{project.pk}/members/"
     owner = clients["owner"]
-    assert owner.post(url, {"username": "nobody", "role": "viewer"}, format="json").status_code == 400
     assert owner.post(url, {"username": "stranger", "role": "emperor"}, format="json").status_code == 400
+    assert owner.post(url, {"username": "", "role": "viewer"}, format="json").status_code == 400
     again = owner.post(url, {"username": "viewer", "role": "viewer"}, format="json")
     assert again.status_code == 409 and "already a member" in again.json()["detail"]
     assert owner.patch(f"{url}nobody/", {"role": "viewer"}, format="json").status_code == 404
+
+
+def test_it_refuses_an_invitation_without_a_role_naming_the_field(clients, project):
+    response = clients["owner"].post(f"/api/v1/projects/{project.pk}/members/", {"username": "stranger"},
+                                     format="json")
+    assert response.status_code == 400
+    body = response.json()
+    assert body["error"] == "invalid" and body["errors"][0]["field"] == "role"
+    assert "owner, maintainer or viewer" in body["errors"][0]["message"]
 
 
 def test_the_last_owner_cannot_leave_or_be_demoted(clients, project):

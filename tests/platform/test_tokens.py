@@ -1,4 +1,5 @@
-"""API tokens: shown once, stored hashed, expiring, revocable, with a last-used time."""
+"""API tokens: shown once, stored hashed, expiring within the server's limit, revocable, with a
+last-used time."""
 
 from __future__ import annotations
 
@@ -75,10 +76,11 @@ def test_garbage_credentials_are_a_401_not_a_crash(db):
 
 def test_createtoken_creates_the_user_and_prints_the_token_last(tmp_path):
     env = {"PATH": "/usr/bin:/bin", "ASCENT_VAR_DIR": str(tmp_path), "DJANGO_SETTINGS_MODULE": "ascent.settings"}
-    run = lambda *args: subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env,  # noqa: E731
-                                       capture_output=True, text=True, timeout=120)
+    run = lambda *args, **more: subprocess.run(  # noqa: E731
+        [sys.executable, "manage.py", *args], cwd=ROOT, env={**env, **more}, capture_output=True,
+        text=True, timeout=120)
     assert run("migrate", "--noinput").returncode == 0
-    first = run("createtoken", "carol", "--days", "0")
+    first = run("createtoken", "carol", "--days", "0", ASCENT_TOKEN_MAX_DAYS="0")
     assert first.returncode == 0, first.stderr
     raw = first.stdout.strip().splitlines()[-1]
     assert raw.startswith("asc_") and "Created user carol" in first.stderr
@@ -88,3 +90,60 @@ def test_createtoken_creates_the_user_and_prints_the_token_last(tmp_path):
                 "print(sorted((t.user.username, t.expires_at is None) for t in T.objects.all()))")
     assert check.stdout.strip().splitlines()[-1] == "[('carol', False), ('carol', True)]"
     assert run("createtoken", "carol", "--days", "-1").returncode != 0
+    too_long = run("createtoken", "carol", "--days", "400")
+    assert too_long.returncode != 0 and "At most 365 days (ASCENT_TOKEN_MAX_DAYS)" in too_long.stderr
+    never = run("createtoken", "carol", "--days", "0")
+    assert never.returncode != 0 and "Tokens must expire on this server" in never.stderr
+
+
+def create(client, **body):
+    return client.post("/api/v1/tokens/", {"name": "ci", **body}, format="json")
+
+
+def test_it_refuses_a_lifetime_above_the_maximum_naming_the_field_and_limit(clients, settings):
+    settings.ASCENT_TOKEN_MAX_DAYS = 30
+    response = create(clients["owner"], expires_in_days=31)
+    assert response.status_code == 400
+    assert response.json()["errors"] == [
+        {"field": "expires_in_days", "message": "At most 30 days (ASCENT_TOKEN_MAX_DAYS): give 1 to 30."}]
+    assert create(clients["owner"], expires_in_days=30).status_code == 201
+
+
+def test_a_token_never_expires_only_where_the_maximum_is_zero(clients, settings):
+    refused = create(clients["owner"], expires_in_days=0)
+    assert refused.status_code == 400 and refused.json()["errors"][0]["field"] == "expires_in_days"
+    assert "ASCENT_TOKEN_MAX_DAYS=365" in refused.json()["errors"][0]["message"]
+    settings.ASCENT_TOKEN_MAX_DAYS = 0
+    allowed = create(clients["owner"], expires_in_days=0)
+    assert allowed.status_code == 201 and allowed.json()["expires_at"] is None
+
+
+def test_it_cannot_create_a_token_that_outlives_the_token_it_is_created_with(users):
+    _, raw = ApiToken.issue(users["owner"], "week", expires_at=timezone.now() + timedelta(days=7, hours=1))
+    refused = create(bearer(raw), expires_in_days=30)
+    assert refused.status_code == 400
+    error = refused.json()["errors"][0]
+    assert error["field"] == "expires_in_days" and "ask for at most 7 days" in error["message"]
+    assert create(bearer(raw), expires_in_days=7).status_code == 201
+    # The default lifetime is shortened to the creating token's expiry instead of refused.
+    default = create(bearer(raw))
+    assert default.status_code == 201
+    made = ApiToken.objects.get(pk=default.json()["id"])
+    assert made.expires_at <= timezone.now() + timedelta(days=7, hours=1)
+
+
+def test_a_signed_in_user_is_limited_only_by_the_maximum(users):
+    client = APIClient()
+    client.force_login(users["owner"])
+    assert create(client, expires_in_days=365).status_code == 201
+    assert create(client, expires_in_days=366).status_code == 400
+
+
+def test_a_default_above_the_maximum_stops_start_up(tmp_path):
+    env = {"PATH": "/usr/bin:/bin", "ASCENT_VAR_DIR": str(tmp_path),
+           "DJANGO_SETTINGS_MODULE": "ascent.settings",
+           "ASCENT_TOKEN_DEFAULT_DAYS": "90", "ASCENT_TOKEN_MAX_DAYS": "30"}
+    result = subprocess.run([sys.executable, "manage.py", "check"], cwd=ROOT, env=env, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode != 0
+    assert "ASCENT_TOKEN_DEFAULT_DAYS=90 exceeds ASCENT_TOKEN_MAX_DAYS=30" in result.stderr

@@ -7,23 +7,12 @@ import re
 from datetime import timedelta
 
 import pytest
-from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
 from accounts.models import ApiToken, Membership, Project
 from clusters.models import Node
 from experiments.models import Attempt, Experiment, Run
-
-
-@pytest.fixture
-def login(users):
-    def login(name: str) -> Client:
-        client = Client()
-        client.force_login(users[name])
-        return client
-
-    return login
 
 
 def section(html: str, testid: str) -> str:
@@ -141,15 +130,22 @@ def member_post(client, project, op, username, role=""):
                        {"op": op, "username": username, "role": role}, follow=True)
 
 
-def test_owners_add_change_and_remove_members(login, project, users):
+def test_owners_invite_change_and_remove_members(login, project, users):
     owner = login("owner")
     page = owner.get("/settings/").content.decode()
     assert 'data-testid="add-member-alpha"' in page and 'aria-label="Remove viewer"' in page
 
     response = member_post(owner, project, "add", "stranger", "viewer")
-    assert "Added stranger to alpha as viewer." in response.content.decode()
+    html = response.content.decode()
+    assert "Invited stranger to alpha as viewer: they become a member when they accept." in html
+    assert 'data-testid="pending-alpha-stranger"' in html and project.role_of(users["stranger"]) is None
+
+    stranger = login("stranger")
+    invitation = project.invitations.get()
+    assert 'data-testid="invitation-alpha"' in stranger.get("/settings/").content.decode()
+    html = stranger.post(f"/settings/invitations/{invitation.pk}/accept/", follow=True).content.decode()
+    assert "You joined alpha as viewer." in html and 'data-testid="member-stranger"' in html
     assert project.role_of(users["stranger"]) == "viewer"
-    assert 'data-testid="member-stranger"' in response.content.decode()
 
     member_post(owner, project, "role", "stranger", "maintainer")
     assert project.role_of(users["stranger"]) == "maintainer"
@@ -169,7 +165,7 @@ def test_the_last_owner_stays(login, project, users):
 def test_bad_member_input_is_refused_and_changes_nothing(login, project):
     owner, before = login("owner"), list(Membership.objects.values_list("user__username", "role"))
     html = member_post(owner, project, "add", "nobody", "viewer").content.decode()
-    assert "There is no user named nobody." in html
+    assert "Invited nobody to alpha as viewer" in html  # the same answer as for a real user
     html = member_post(owner, project, "add", "stranger", "emperor").content.decode()
     assert "&quot;emperor&quot; is not a valid choice." in html
     html = member_post(owner, project, "role", "viewer", "emperor").content.decode()
@@ -221,9 +217,32 @@ def test_a_new_token_is_shown_once_and_works(login, users, settings):
     assert raw not in html and 'data-testid="token-ci"' in html and token.prefix in html
 
 
-def test_a_token_that_never_expires(login, users):
+def test_a_token_that_never_expires_only_where_the_server_allows_it(login, users, settings):
+    refused = login("owner").post("/settings/tokens/", {"name": "forever", "expires_in_days": "0"})
+    html = refused.content.decode()
+    assert "Tokens must expire on this server (ASCENT_TOKEN_MAX_DAYS=365)" in html
+    assert not ApiToken.objects.filter(name="forever").exists()
+    settings.ASCENT_TOKEN_MAX_DAYS = 0
     login("owner").post("/settings/tokens/", {"name": "forever", "expires_in_days": "0"})
     assert ApiToken.objects.get(name="forever").expires_at is None
+
+
+def test_the_page_refuses_a_lifetime_above_the_maximum(login, users):
+    response = login("owner").post("/settings/tokens/", {"name": "long", "expires_in_days": "400"})
+    html = response.content.decode()
+    assert "At most 365 days (ASCENT_TOKEN_MAX_DAYS)" in html
+    assert not ApiToken.objects.filter(name="long").exists()
+
+
+def test_the_page_limits_how_many_tokens_are_created(login, users, settings):
+    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "DEFAULT_THROTTLE_RATES": {
+        **settings.REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"], "token-create": "2/hour"}}
+    owner = login("owner")
+    for name in ("a", "b"):
+        assert owner.post("/settings/tokens/", {"name": name, "expires_in_days": "7"}).status_code == 200
+    refused = owner.post("/settings/tokens/", {"name": "c", "expires_in_days": "7"})
+    assert refused.status_code == 429 and "Too many new tokens: try again in" in refused.content.decode()
+    assert sorted(ApiToken.objects.values_list("name", flat=True)) == ["a", "b"]
 
 
 def test_revoked_tokens_stop_working_and_stay_listed(login, users):

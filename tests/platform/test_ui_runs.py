@@ -13,14 +13,6 @@ from frontend import specform
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def signed_in(client, users):
-    def sign_in(name):
-        client.force_login(users[name])
-        return client
-    return sign_in
-
-
 def form(experiment, **fields):
     data = {"experiment": experiment.pk, "key": "k1", "mode": "form", "algorithm": "grpo",
             "spec.data.synthetic.task": "addition", "action": "submit"}

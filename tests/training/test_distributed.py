@@ -95,15 +95,18 @@ def test_dpo_on_fixed_pairs_raises_preference_accuracy_and_margins(tmp_path, sft
                     "prompt_template": "plain", "train_batch_size": 16}
     DPOTrainer(resolve_spec(spec)).fit()
     logged = read_metrics(out)
-    first = logged[:3]
-    last = logged[-3:]
+    # Step 1 measures the policy before any update, equal to the reference: every implicit reward
+    # is 0 (margins 0, loss log 2) and its "accuracy" only counts rounding noise. After 15 steps
+    # the policy prefers the right answer well above chance (0.5).
+    first, last = logged[0], logged[-3:]
 
     def mean(rows, key):
         return sum(m[key] for m in rows) / len(rows)
 
-    assert mean(last, "dpo/rewards/accuracies") > mean(first, "dpo/rewards/accuracies") + 0.2
-    assert mean(last, "dpo/rewards/margins") > mean(first, "dpo/rewards/margins") + 0.05
-    assert mean(last, "dpo/loss") < mean(first, "dpo/loss")
+    assert abs(first["dpo/rewards/margins"]) < 1e-3
+    assert mean(last, "dpo/rewards/accuracies") >= 0.8
+    assert mean(last, "dpo/rewards/margins") > first["dpo/rewards/margins"] + 0.05
+    assert mean(last, "dpo/loss") < first["dpo/loss"] - 0.02
 
 
 # --------------------------------------------------------------------------- faults

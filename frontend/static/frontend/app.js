@@ -116,7 +116,7 @@
   /* --- a run's page: the log tail, streamed as server-sent events ------------------------- */
   function logTail(pre) {
     const status = document.getElementById("log-state");
-    let attempt = null, offset = 0, source = null, ended = false;
+    let attempt = null, offset = 0, source = null, ended = false, retryMs = 3000;
     const MAX = 200000;
 
     const ANSI = /\u001b\[[0-9;?]*[A-Za-z]/g;  // colour codes of Ray's log prefixes
@@ -134,7 +134,7 @@
       const params = new URLSearchParams({follow: "1", offset: String(offset)});
       if (attempt !== null) params.set("attempt", String(attempt));
       source = new EventSource(`${pre.dataset.url}?${params}`);
-      source.onopen = () => { if (status) status.textContent = "live"; };
+      source.onopen = () => { retryMs = 3000; if (status) status.textContent = "live"; };
       source.addEventListener("log", event => {
         const data = JSON.parse(event.data);
         if (attempt !== null && data.attempt !== attempt) append(`\n──── attempt ${data.attempt} ────\n`);
@@ -153,10 +153,12 @@
         }
       });
       source.onerror = () => {
+        // A refused stream (429: too many open) or a broken one: back off, doubling up to a minute.
         source.close();
         if (!ended) {
           if (status) status.textContent = "reconnecting…";
-          setTimeout(open, 3000);
+          setTimeout(open, retryMs);
+          retryMs = Math.min(retryMs * 2, 60000);
         }
       };
     }
@@ -202,6 +204,24 @@
     } catch (error) { /* storage disabled: the server-side key still guards double clicks */ }
   }
 
+  /* Widths of bars from their data-pct (set through CSSOM: the Content-Security-Policy refuses
+     style attributes in the HTML). Runs on the page and on each fragment htmx swaps in. */
+  function barWidths(root) {
+    root.querySelectorAll("[data-pct]").forEach(el => { el.style.width = `${Number(el.dataset.pct) || 0}%`; });
+  }
+
+  /* Forms that ask before sending (data-confirm) or are sent once (data-send-once); listened for
+     on the document, so forms in fragments htmx swaps in are covered too. */
+  document.addEventListener("submit", event => {
+    const form = event.target;
+    if (form.dataset.confirm && !confirm(form.dataset.confirm)) { event.preventDefault(); return; }
+    if (form.hasAttribute("data-send-once")) {
+      if (form.dataset.sent) { event.preventDefault(); return; }
+      form.dataset.sent = "1";
+    }
+  });
+  document.addEventListener("htmx:load", event => barWidths(event.target));
+
   /* A page restored by the back button may be sent again: the server then answers with the run
      that form already made (each form carries its own idempotency key). */
   window.addEventListener("pageshow", event => {
@@ -216,6 +236,7 @@
     const compare = document.getElementById("compare-charts");
     if (compare) compareCharts(compare);
     copyButtons();
+    barWidths(document);
     const submitForm = document.getElementById("submit-form");
     if (submitForm) keepFormKey(submitForm);
   });

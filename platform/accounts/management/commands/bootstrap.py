@@ -7,7 +7,6 @@ CPU node, and prints where everything is served.
 
 import os
 import socket
-from datetime import timedelta
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -15,7 +14,7 @@ from django.core.management.base import BaseCommand
 from django.utils import timezone
 from django.utils.crypto import get_random_string
 
-from accounts.models import ApiToken
+from accounts.tokens import issue_token
 from clusters.choices import DeviceKind, DeviceType, NodeState
 from clusters.models import Cluster, Node
 
@@ -61,7 +60,8 @@ class Command(BaseCommand):
             return
         password = get_random_string(24)
         user = user_model.objects.create_superuser("admin", "", password)
-        _, token = ApiToken.issue(user, "bootstrap", timezone.now() + timedelta(days=365))
+        # A year, or the server's maximum token lifetime where that is shorter.
+        _, token = issue_token(user, "bootstrap", days=min(365, settings.ASCENT_TOKEN_MAX_DAYS or 365))
         # Created readable by the owner only, before anything secret is written to it.
         fd = os.open(credentials, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as out:

@@ -3,14 +3,13 @@
 The token is the last line of the output, so scripts can take it with `| tail -n1`.
 """
 
-from datetime import timedelta
-
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
-from django.utils import timezone
 
 from accounts.models import ApiToken
+from accounts.tokens import token_expiry
+from experiments.services import RequestError
 
 
 class Command(BaseCommand):
@@ -23,15 +22,19 @@ class Command(BaseCommand):
             "--days",
             type=int,
             default=settings.ASCENT_TOKEN_DEFAULT_DAYS,
-            help="days until it expires; 0 = never (default: %(default)s)",
+            help="days until it expires, at most ASCENT_TOKEN_MAX_DAYS "
+            f"({settings.ASCENT_TOKEN_MAX_DAYS}); 0 = never, only where that is 0 "
+            "(default: %(default)s)",
         )
         parser.add_argument(
             "--admin", action="store_true", help="make the user a staff member (cluster admin)"
         )
 
     def handle(self, username, name, days, admin, **options):
-        if days < 0:
-            raise CommandError("--days must be 0 (never expires) or a positive number of days.")
+        try:
+            expires = token_expiry(days)
+        except RequestError as exc:
+            raise CommandError(f"--days: {exc}") from None
         user_model = get_user_model()
         user, created = user_model.objects.get_or_create(username=username)
         if created:
@@ -40,7 +43,6 @@ class Command(BaseCommand):
             user.is_staff = True
         if created or admin:
             user.save()
-        expires = timezone.now() + timedelta(days=days) if days else None
         _, raw = ApiToken.issue(user, name, expires_at=expires)
         self.stderr.write(
             f"{'Created user' if created else 'User'} {username}; token '{name}' "

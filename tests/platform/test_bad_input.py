@@ -1,0 +1,265 @@
+"""Every operation of the OpenAPI document answers hostile input below 500, in the error shape.
+
+The operations are read from the schema the server generates, so a new endpoint is covered as
+soon as it is routed. Each is sent, as an administrator (who reaches every code path): an empty
+object, NaN and Infinity, 300 levels of nesting, integers of 2**70 in the body, in query
+parameters and in path ids, text/plain and form bodies, malformed JSON and a JSON array.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from drf_spectacular.generators import SchemaGenerator
+
+from experiments.services import Submission, submit_run
+
+HUGE = 2**70
+BODY_METHODS = ("post", "put", "patch")
+
+
+DOCUMENT = SchemaGenerator().get_schema(request=None, public=True)
+SCHEMAS = DOCUMENT["components"]["schemas"]
+
+
+def operations(document: dict) -> list[tuple[str, str, dict]]:
+    return [(method, path, operation) for path, item in sorted(document["paths"].items())
+            for method, operation in item.items()]
+
+
+OPERATIONS = operations(DOCUMENT)
+BODY_OPERATIONS = [op for op in OPERATIONS if op[0] in BODY_METHODS]
+
+
+@pytest.fixture
+def seeded(project, experiment, cluster, users, tiny_spec):
+    """One of each object, so that path ids resolve and bodies reach validation."""
+    run, _ = submit_run(experiment, users["owner"], Submission(spec=tiny_spec))
+    from accounts.models import ApiToken
+
+    token, _ = ApiToken.issue(users["admin"], "spare")
+    return {"clusters": cluster.pk, "nodes": cluster.nodes.get().pk, "projects": project.pk,
+            "experiments": experiment.pk, "runs": run.pk, "tokens": token.pk}
+
+
+def url(path: str, seeded: dict, id_value=None) -> str:
+    """The path with real ids (or `id_value` for every id) and a member's username."""
+    resource = path.split("/")[3]
+    ident = seeded.get(resource, 1) if id_value is None else id_value
+    return path.replace("{id}", str(ident)).replace("{username}", "viewer")
+
+
+def request_properties(operation: dict, document_schemas: dict) -> dict:
+    content = operation.get("requestBody", {}).get("content", {}).get("application/json", {})
+    ref = content.get("schema", {}).get("$ref", "")
+    return document_schemas.get(ref.rsplit("/", 1)[-1], {}).get("properties", {})
+
+
+def _ids(ops: list) -> list[str]:
+    return [f"{method.upper()} {path}" for method, path, _ in ops]
+
+
+FIELD_OPERATIONS = [op for op in BODY_OPERATIONS if request_properties(op[2], SCHEMAS)]
+QUERY_OPERATIONS = [op for op in OPERATIONS
+                    if any(p["in"] == "query" for p in op[2].get("parameters", []))]
+ID_OPERATIONS = [op for op in OPERATIONS if "{id}" in op[1]]
+
+
+def send(client, method: str, path: str, body: bytes | str = b"",
+         content_type: str = "application/json", **extra):
+    return client.generic(method.upper(), path, body, content_type=content_type, **extra)
+
+
+def assert_error_shape(response, allowed=None):
+    """Below 500; an error is the API's JSON shape, a 400 with its `errors` list."""
+    assert response.status_code < 500, response.content[:400]
+    if allowed is not None:
+        assert response.status_code in allowed, (response.status_code, response.content[:400])
+    if response.status_code < 400 or response.status_code in (404, 405) and not response.get(
+            "Content-Type", "").startswith("application/json"):
+        return
+    body = response.json()
+    assert {"error", "detail"} <= set(body), body
+    assert isinstance(body["detail"], str) and body["detail"], body
+    if response.status_code == 400:
+        assert isinstance(body.get("errors"), list) and body["errors"], body
+        assert all({"field", "message"} <= set(item) for item in body["errors"]), body
+
+
+def raw_json_with(operation, value: str) -> str:
+    """A JSON object putting the raw JSON text `value` in every property of the body."""
+    names = list(request_properties(operation, SCHEMAS)) or ["value"]
+    return "{" + ", ".join(f'"{name}": {value}' for name in names) + "}"
+
+
+@pytest.mark.parametrize(("method", "path", "operation"), BODY_OPERATIONS,
+                         ids=_ids(BODY_OPERATIONS))
+class TestBodies:
+    def test_it_answers_an_empty_object(self, clients, seeded, method, path, operation):
+        response = send(clients["admin"], method, url(path, seeded), "{}")
+        assert_error_shape(response)
+
+    @pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity"])
+    def test_it_refuses_nan_and_infinity(self, clients, seeded, method, path, operation, literal):
+        response = send(clients["admin"], method, url(path, seeded), raw_json_with(operation, literal))
+        assert_error_shape(response, allowed={400} if "requestBody" in operation else None)
+
+    def test_it_refuses_300_levels_of_nesting(self, clients, seeded, method, path, operation):
+        response = send(clients["admin"], method, url(path, seeded),
+                        raw_json_with(operation, "[" * 300 + "]" * 300))
+        assert_error_shape(response, allowed={400} if "requestBody" in operation else None)
+
+    def test_it_answers_huge_integers_in_the_body(self, clients, seeded, method, path, operation):
+        response = send(clients["admin"], method, url(path, seeded), raw_json_with(operation, str(HUGE)))
+        assert_error_shape(response)
+
+    @pytest.mark.parametrize("content_type", ["text/plain", "application/xml", "application/octet-stream"])
+    def test_it_refuses_other_content_types(self, clients, seeded, method, path, operation, content_type):
+        response = send(clients["admin"], method, url(path, seeded), "name=x", content_type=content_type)
+        assert_error_shape(response, allowed={415} if "requestBody" in operation else None)
+
+    def test_it_answers_form_data(self, clients, seeded, method, path, operation):
+        response = send(clients["admin"], method, url(path, seeded), "name=x&spec=1",
+                        content_type="application/x-www-form-urlencoded")
+        assert_error_shape(response)
+
+    @pytest.mark.parametrize("text", ['{"name": ', "{'name': 1}", "\xff\xfe", "nul"])
+    def test_it_refuses_malformed_json(self, clients, seeded, method, path, operation, text):
+        response = send(clients["admin"], method, url(path, seeded), text.encode("latin-1"))
+        assert_error_shape(response, allowed={400} if "requestBody" in operation else None)
+
+    def test_it_refuses_a_json_array(self, clients, seeded, method, path, operation):
+        response = send(clients["admin"], method, url(path, seeded), json.dumps([{"name": "x"}]))
+        assert_error_shape(response, allowed={400} if "requestBody" in operation else None)
+
+
+@pytest.mark.parametrize(("method", "path", "operation"), FIELD_OPERATIONS,
+                         ids=_ids(FIELD_OPERATIONS))
+def test_it_refuses_unknown_keys_naming_them(clients, seeded, method, path, operation):
+    response = send(clients["admin"], method, url(path, seeded), json.dumps({"zz_unknown": 1}))
+    assert_error_shape(response, allowed={400})
+    assert "zz_unknown" in {item["field"] for item in response.json()["errors"]}
+
+
+@pytest.mark.parametrize(("method", "path", "operation"), QUERY_OPERATIONS,
+                         ids=_ids(QUERY_OPERATIONS))
+def test_it_answers_huge_integers_in_query_parameters(clients, seeded, method, path, operation):
+    names = [p["name"] for p in operation.get("parameters", []) if p["in"] == "query"]
+    query = "&".join(f"{name}={HUGE}" for name in names)
+    response = send(clients["admin"], method, f"{url(path, seeded)}?{query}", "{}")
+    assert_error_shape(response)
+
+
+@pytest.mark.parametrize(("method", "path", "operation"), ID_OPERATIONS, ids=_ids(ID_OPERATIONS))
+class TestPathIds:
+    def test_it_answers_a_huge_path_id_with_404(self, clients, seeded, method, path, operation):
+        response = send(clients["admin"], method, url(path, seeded, id_value=HUGE), "{}")
+        assert_error_shape(response, allowed={404})
+
+    @pytest.mark.parametrize("bad_id", ["-1", "0", "1.5", "abc"])
+    def test_it_answers_a_malformed_path_id_with_404(self, clients, seeded, method, path,
+                                                     operation, bad_id):
+        response = send(clients["admin"], method, url(path, seeded, id_value=bad_id), "{}")
+        assert_error_shape(response, allowed={404})
+
+
+def test_it_names_each_huge_filter_parameter(clients, seeded):
+    for path, name in (("/api/v1/runs/", "experiment"), ("/api/v1/runs/", "project"),
+                       ("/api/v1/experiments/", "project")):
+        response = clients["admin"].get(path, {name: str(HUGE)})
+        assert response.status_code == 400, (path, name, response.content[:300])
+        errors = response.json()["errors"]
+        assert [e["field"] for e in errors] == [name], errors
+        assert "64-bit" in errors[0]["message"], errors
+
+
+# --- how the body is framed: chunked bodies under WSGI and ASGI --------------------------------
+
+def test_it_answers_a_chunked_body_without_content_length_with_411(clients, seeded):
+    response = clients["admin"].generic("POST", "/api/v1/runs/validate/", b'{"spec": {}}',
+                                        content_type="application/json", CONTENT_LENGTH="",
+                                        HTTP_TRANSFER_ENCODING="chunked")
+    assert response.status_code == 411, response.content
+    assert response.json()["error"] == "length_required"
+    assert "Content-Length" in response.json()["detail"]
+
+
+def test_it_answers_a_non_numeric_content_length_with_400(clients, seeded):
+    response = clients["admin"].generic("POST", "/api/v1/runs/validate/", b"{}",
+                                        content_type="application/json", CONTENT_LENGTH="12abc")
+    assert response.status_code == 400
+    assert response.json()["errors"] == [{"field": "Content-Length",
+                                          "message": "Content-Length is not a number of bytes."}]
+
+
+def asgi_post(path: str, chunks: list[bytes], headers: list[tuple[bytes, bytes]]) -> tuple[int, dict]:
+    """POST `chunks` as one chunked body (no content-length) through the ASGI application."""
+    import asyncio
+
+    from ascent.asgi import application
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+             "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"",
+             "headers": [(b"host", b"testserver"), (b"content-type", b"application/json"),
+                         (b"transfer-encoding", b"chunked"), *headers],
+             "client": ("127.0.0.1", 5000), "server": ("testserver", 80)}
+    messages = [{"type": "http.request", "body": c, "more_body": i < len(chunks) - 1}
+                for i, c in enumerate(chunks)]
+    sent = []
+
+    async def receive():
+        if messages:
+            return messages.pop(0)
+        await asyncio.Event().wait()  # the client stays connected until the response is sent
+
+    async def send(message):
+        sent.append(message)
+
+    asyncio.run(application(scope, receive, send))
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return sent[0]["status"], json.loads(body)
+
+
+def test_under_asgi_a_chunked_body_is_read_whole(transactional_db, users):
+    from accounts.models import ApiToken
+
+    _, raw = ApiToken.issue(users["admin"], "asgi")
+    status, body = asgi_post("/api/v1/runs/validate/", [b'{"spec": {"algorithm": "grpo"},', b' "prority": 5}'],
+                             [(b"authorization", f"Bearer {raw}".encode())])
+    assert status == 400, body  # the view saw both chunks: it names the unknown key
+    assert [e["field"] for e in body["errors"]] == ["prority"], body
+
+
+def test_under_asgi_a_chunked_body_over_the_limit_is_a_413(db, settings):
+    settings.ASCENT_MAX_BODY_BYTES = 2048
+    status, body = asgi_post("/api/v1/runs/validate/", [b'{"spec": "', b"x" * 4096, b'"}'], [])
+    assert status == 413, body
+    assert body["error"] == "payload_too_large" and "4108 bytes" in body["detail"]
+
+
+def test_it_names_an_unknown_key_with_the_closest_known_one(clients, seeded, tiny_spec):
+    response = clients["owner"].post("/api/v1/runs/", {"experiment": seeded["experiments"],
+                                                       "spec": tiny_spec, "prority": 5}, format="json")
+    assert response.status_code == 400, response.content
+    assert response.json()["errors"] == [{"field": "prority",
+                                          "message": "Unknown key: did you mean 'priority'?"}]
+
+
+def test_it_refuses_read_only_keys(clients, seeded):
+    response = clients["owner"].patch(f"/api/v1/experiments/{seeded['experiments']}/",
+                                      {"description": "d", "created_at": "2020-01-01T00:00:00Z"},
+                                      format="json")
+    assert response.status_code == 400, response.content
+    assert response.json()["errors"][0]["field"] == "created_at"
+    assert "Read-only" in response.json()["errors"][0]["message"]
+
+
+@pytest.mark.parametrize(("path", "name"), [("/api/v1/runs/", "experiment"), ("/api/v1/runs/", "project"),
+                                            ("/api/v1/experiments/", "project")])
+def test_an_invisible_id_filters_like_a_nonexistent_one(clients, seeded, path, name):
+    theirs = seeded["experiments"] if name == "experiment" else seeded["projects"]
+    invisible = clients["stranger"].get(path, {name: theirs})
+    missing = clients["stranger"].get(path, {name: theirs + 1000})
+    assert (invisible.status_code, missing.status_code) == (200, 200)
+    assert invisible.json()["results"] == missing.json()["results"] == []
