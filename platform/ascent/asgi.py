@@ -1,6 +1,7 @@
-"""ASGI entry point of the web service in production, where run logs stream as server-sent
-events without a thread each: `gunicorn ascent.asgi:application -k uvicorn_worker.UvicornWorker`
-with platform/ and the repository root on the Python path (docs/operations.md)."""
+"""ASGI entry point for live log streams in production: server-sent events served without a
+thread each (the proxy routes them here; ascent.wsgi serves the rest):
+`gunicorn ascent.asgi:application -k uvicorn_worker.UvicornWorker` with platform/ and the
+repository root on the Python path (docs/operations.md)."""
 
 import os
 

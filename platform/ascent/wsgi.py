@@ -1,4 +1,5 @@
-"""WSGI entry point: `gunicorn ascent.wsgi` with platform/ on the Python path."""
+"""WSGI entry point for every request but live log streams (those go to ascent.asgi):
+`gunicorn ascent.wsgi -k gthread` with platform/ on the Python path (docs/operations.md)."""
 
 import os
 
