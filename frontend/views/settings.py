@@ -71,8 +71,8 @@ def member_action(request, pk):
             return _invite(request, project, username, back)
         if op == "withdraw":
             invitation_id = request.POST.get("invitation", "")
-            invitation = get_object_or_404(project.invitations, pk=int(invitation_id or 0)
-                                           if invitation_id.isdigit() else 0)
+            invitation = get_object_or_404(
+                project.invitations, pk=int(invitation_id) if invitation_id.isdigit() else 0)
             membership_rules.withdraw(invitation)
             messages.success(request, f"Withdrew the invitation of {invitation.username}.")
             return back

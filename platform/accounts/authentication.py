@@ -3,6 +3,7 @@ per client address so that guessing tokens is slow."""
 
 from __future__ import annotations
 
+import ipaddress
 import time
 from datetime import timedelta
 
@@ -19,12 +20,25 @@ FAILURE_KEY = "token-failures:{ip}"
 
 
 def client_ip(request) -> str | None:
-    """The client's address: the right-most X-Forwarded-For entry (the one our proxy added) when
-    ASCENT_BEHIND_PROXY is set, else the address of the connection (None if there is none)."""
+    """The client's address: the right-most X-Forwarded-For entry (the one our proxy added; those
+    before it are whatever the client sent) when ASCENT_BEHIND_PROXY is set, else the address of
+    the connection; None when neither is an IP address. The API's rate limits, the sign-in
+    lockout and the audit log all use this one."""
     meta = request.META
-    forwarded = meta.get("HTTP_X_FORWARDED_FOR", "") if settings.ASCENT_BEHIND_PROXY else ""
-    hops = [hop.strip() for hop in forwarded.split(",") if hop.strip()]
-    return hops[-1] if hops else meta.get("REMOTE_ADDR") or None
+    if settings.ASCENT_BEHIND_PROXY:
+        hops = [hop.strip() for hop in meta.get("HTTP_X_FORWARDED_FOR", "").split(",")]
+        if _is_ip(hops[-1]):
+            return hops[-1]
+    remote = meta.get("REMOTE_ADDR", "")
+    return remote if _is_ip(remote) else None
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
 
 
 class FailedTokens:

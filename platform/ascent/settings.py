@@ -267,7 +267,6 @@ REST_FRAMEWORK = {
     "DEFAULT_THROTTLE_CLASSES": ["api.throttling.UserRateThrottle", "api.throttling.AnonRateThrottle"],
     "DEFAULT_THROTTLE_RATES": {"user": ASCENT_API_RATE_USER, "anon": ASCENT_API_RATE_ANON,
                                "token-create": ASCENT_TOKEN_CREATE_RATE},
-    "NUM_PROXIES": 1 if ASCENT_BEHIND_PROXY else 0,
     "DEFAULT_RENDERER_CLASSES": [
         "rest_framework.renderers.JSONRenderer",
         "rest_framework.renderers.BrowsableAPIRenderer",

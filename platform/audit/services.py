@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 from datetime import datetime, timedelta
 
@@ -11,32 +10,13 @@ from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.utils import timezone
 
+from accounts.authentication import client_ip
 from audit.models import AuditEntry
 
 log = logging.getLogger(__name__)
 
 USER_AGENT_CHARS = 256
 PATH_CHARS = 512
-
-
-def client_ip(request) -> str | None:
-    """REMOTE_ADDR; behind a proxy (ASCENT_BEHIND_PROXY) X-Forwarded-For's right-most address,
-    the one the proxy added (the ones before it are whatever the client sent), as for sign-in
-    lockouts and token-failure limits."""
-    if getattr(settings, "ASCENT_BEHIND_PROXY", False):
-        hops = [hop.strip() for hop in request.META.get("HTTP_X_FORWARDED_FOR", "").split(",")]
-        if hops and _is_ip(hops[-1]):
-            return hops[-1]
-    remote = request.META.get("REMOTE_ADDR", "")
-    return remote if _is_ip(remote) else None
-
-
-def _is_ip(text: str) -> bool:
-    try:
-        ipaddress.ip_address(text)
-    except ValueError:
-        return False
-    return True
 
 
 def origin(request) -> dict:
