@@ -55,10 +55,10 @@ from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 from rl_core.data.synthetic import synthetic_splits  # noqa: E402
 from rl_core.models.tiny import build_tiny, count_parameters, write_tiny  # noqa: E402
+from rl_core.recipes.rl import RLTrainer  # noqa: E402
 from rl_core.rewards import exact_match  # noqa: E402
 from rl_core.spec import RunSpec, resolve_spec  # noqa: E402
 from rl_core.tracking import Tracker  # noqa: E402
-from rl_core.trainer import RLTrainer  # noqa: E402
 
 SEED = 1
 NUM_TRAIN = 2000  # distinct problems; neither side reaches the end of an epoch

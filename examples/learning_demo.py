@@ -17,9 +17,9 @@ import json
 import sys
 from pathlib import Path
 
-from rl_core.sft import SFTTrainer
+from rl_core.recipes.rl import RLTrainer
+from rl_core.recipes.sft import SFTTrainer
 from rl_core.spec import load_spec
-from rl_core.trainer import RLTrainer
 
 EXAMPLES = Path(__file__).resolve().parent
 

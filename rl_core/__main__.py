@@ -20,12 +20,11 @@ import json
 import sys
 from collections.abc import Sequence
 
-from rl_core.cli_run import add_parsers as _add_run_commands
+from rl_core.cli import add_parsers as _add_run_commands
 from rl_core.data.cli import add_parser as _add_make_data
+from rl_core.errors import EXIT_INPUT as EXIT_INVALID_SPEC
 from rl_core.models.cli import add_parser as _add_make_tiny
 from rl_core.spec import SpecError, load_spec, spec_json_schema, spec_reference_markdown
-
-EXIT_INVALID_SPEC = 2
 
 
 def _spec_validate(args: argparse.Namespace) -> int:

@@ -1,15 +1,20 @@
 """Evaluation: greedy accuracy, mean reward and pass@k of a policy on prompts with answers.
 
-The scores come from the same reward functions as training, so the two cannot drift.
+    metrics = evaluate_prompts(rollout, tokenizer, rewards, prompts, sampling, batch_size=64,
+                               seed=spec.seed, prefix="val", k=8)
+
+`rollout` is any rollout engine (`rl_core.engines.base.RolloutEngine`: in training, the actor's
+ranks behind one `generate`), `rewards` scores texts (`RewardComposer` or a view of the reward
+workers). The scores come from the same reward functions as training, so the two cannot drift.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
 
 import torch
 
+from rl_core.data.prompts import Prompts, decode_responses
 from rl_core.engines.rollout import SamplingParams
 
 CORRECTNESS_REWARDS = ("math_accuracy", "math", "exact_match", "countdown")
@@ -29,8 +34,6 @@ def _batches(items: list, size: int):
 def score_prompts(rollout, tokenizer, rewards, prompts, params: SamplingParams, batch_size: int,
                   generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(total rewards (N, n), correctness (N, n)) for N prompts with n samples each."""
-    from rl_core.trainer import decode_responses
-
     totals, correct = [], []
     key = correctness_name(rewards.names)
     for start, ids in _batches(prompts.ids, batch_size):
@@ -43,17 +46,16 @@ def score_prompts(rollout, tokenizer, rewards, prompts, params: SamplingParams, 
     return torch.cat(totals), torch.cat(correct)
 
 
-def evaluate_prompts(trainer: Any, prompts, prefix: str = "val", k: int = 0) -> dict[str, float]:
-    """Greedy accuracy and mean reward; pass@k from k samples at the rollout settings when k > 0."""
-    greedy = replace(trainer.sampling, do_sample=False, n=1)
-    size = trainer.spec.data.val_batch_size
-    totals, correct = score_prompts(trainer.rollout, trainer.tokenizer, trainer.rewards, prompts,
-                                    greedy, size)
+def evaluate_prompts(rollout, tokenizer, rewards, prompts: Prompts, sampling: SamplingParams, *,
+                     batch_size: int, seed: int, prefix: str = "val", k: int = 0) -> dict[str, float]:
+    """Greedy accuracy and mean reward; pass@k from k samples at the `sampling` settings (seeded
+    by `seed + 1`) when k > 0."""
+    greedy = replace(sampling, do_sample=False, n=1)
+    totals, correct = score_prompts(rollout, tokenizer, rewards, prompts, greedy, batch_size)
     metrics = {f"{prefix}/accuracy": float(correct.mean()), f"{prefix}/reward_mean": float(totals.mean())}
     if k > 0:
-        sampled = replace(trainer.sampling, n=k)
-        generator = torch.Generator().manual_seed(trainer.spec.seed + 1)
-        _, hits = score_prompts(trainer.rollout, trainer.tokenizer, trainer.rewards, prompts,
-                                sampled, max(1, size // k), generator)
+        generator = torch.Generator().manual_seed(seed + 1)
+        _, hits = score_prompts(rollout, tokenizer, rewards, prompts, replace(sampling, n=k),
+                                max(1, batch_size // k), generator)
         metrics[f"{prefix}/pass@{k}"] = float(hits.max(dim=1).values.mean())
     return metrics

@@ -7,7 +7,8 @@ can validate a spec without torch.
 
 A spec is resolved in three steps (`resolve_spec`): dotted overrides are applied to the user's
 mapping, the algorithm's preset fills what the user left out, and the model validates field
-types, then cross-field rules (`_RULES`) whose messages say what to change.
+types, then refuses values that are not implemented yet (`NOT_IMPLEMENTED`), then checks the
+cross-field rules (`_RULES`); every message says what to change.
 
 Every source of a spec meets the same limits (`MAX_*` below): YAML is read without anchors,
 aliases or tags (`load_yaml`), the raw mapping is bounded in depth, values and bytes
@@ -39,6 +40,8 @@ from pydantic import (
 )
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined, to_jsonable_python
+
+from rl_core.errors import InputError
 
 ALGORITHMS = ("grpo", "dapo", "ppo", "dpo")
 DEVICE_TYPES = ("npu", "gpu", "cpu")
@@ -316,6 +319,12 @@ class OffloadConfig(_Strict):
 class ActorConfig(_Strict):
     """The policy update: optimizer, PPO-style clipped loss, KL loss and batching."""
 
+    strategy: Literal["torch", "fsdp2"] = Field(
+        "torch",
+        description="Training engine: `torch` is the plain PyTorch engine, one full copy of the "
+        "model and optimizer state per data-parallel rank; `fsdp2` shards them with PyTorch "
+        "FSDP2.",
+    )
     lr: float = Field(1e-5, gt=0, le=1, description="Learning rate.")
     weight_decay: float = Field(0.01, ge=0, le=1, description="AdamW weight decay.")
     warmup_steps: int = Field(
@@ -653,7 +662,10 @@ class PrecisionConfig(_Strict):
 class MonitorConfig(_Strict):
     """Device health metrics logged with the training metrics."""
 
-    log_memory: bool = Field(True, description="Log allocated and peak device memory every step.")
+    log_memory: bool = Field(
+        True, description="Log the actor ranks' allocated and peak device memory every step "
+        "(`memory/actor/allocated_gb`, `memory/actor/peak_gb`; on CPU the process's resident set)."
+    )
 
 
 class ToolsConfig(_Strict):
@@ -666,6 +678,73 @@ class ToolsConfig(_Strict):
         default_factory=PrecisionConfig, description="Precision dumps."
     )
     monitor: MonitorConfig = Field(default_factory=MonitorConfig, description="Device monitoring.")
+
+
+# --------------------------------------------------------------------------- not implemented yet
+# Fields that the schema describes but no code builds beyond the values listed: dotted path ->
+# the only values accepted today. A spec that sets another value is refused at that field before
+# the cross-field rules run; the reference and the JSON Schema mark each of these fields. An
+# entry goes when its feature lands.
+
+
+def _only_defaults(model: type[BaseModel], prefix: str) -> dict[str, tuple[Any, ...]]:
+    """Every leaf of `model` (recursively) accepting only its default value."""
+    entries: dict[str, tuple[Any, ...]] = {}
+    for name, field in model.model_fields.items():
+        tp = field.annotation
+        if get_origin(tp) is None and isinstance(tp, type) and issubclass(tp, BaseModel):
+            entries.update(_only_defaults(tp, f"{prefix}{name}."))
+        else:
+            entries[f"{prefix}{name}"] = (field.get_default(call_default_factory=True),)
+    return entries
+
+
+NOT_IMPLEMENTED: dict[str, tuple[Any, ...]] = {
+    "rollout.engine": ("native",),
+    "rollout.gpu_memory_utilization": (0.5,),  # a vLLM setting
+    "rollout.partial_rollout_max_split": (0, 1),  # both mean no partial rollout
+    "rollout.tensor_parallel_size": (1,),
+    "actor.strategy": ("torch",),
+    "actor.use_remove_padding": (False,),
+    "actor.offload.param": (False,),
+    "actor.offload.optimizer": (False,),
+    "reward.reward_model": (None,),
+    "parallel.tensor_parallel_size": (1,),
+    "parallel.pipeline_parallel_size": (1,),
+    "parallel.context_parallel_size": (1,),
+    "parallel.context_parallel_algo": ("ulysses",),  # moot while context_parallel_size is 1
+    "parallel.colocate_actor_rollout": (True,),  # rollout generates in the training process
+    "parallel.resharding": ("auto",),  # one layout for training and inference: nothing to reshard
+    "resources.memory_gb": (None,),  # the scheduler places runs by devices only
+    **{k: v for k, v in _only_defaults(ToolsConfig, "tools.").items()
+       if k != "tools.monitor.log_memory"},  # profiling, precision dumps, memory logging
+}
+
+
+def not_implemented_note(path: str) -> str | None:
+    """The note `not implemented yet (only X)` of a field in NOT_IMPLEMENTED; None for others."""
+    allowed = NOT_IMPLEMENTED.get(path)
+    if allowed is None:
+        return None
+    return f"not implemented yet (only {' or '.join(_shown(value) for value in allowed)})"
+
+
+def _shown(value: Any) -> str:
+    """A value as it is written in YAML: text bare, anything else as JSON (true, null, [2])."""
+    return value if isinstance(value, str) else json.dumps(to_jsonable_python(value))
+
+
+def _refusals(spec: BaseModel) -> list[Violation]:
+    """(path, message) for each field of `spec` set to a value that is not implemented yet."""
+    refused = []
+    for path, allowed in NOT_IMPLEMENTED.items():
+        value: Any = spec
+        for part in path.split("."):
+            value = getattr(value, part)
+        if value not in allowed:
+            note = not_implemented_note(path)
+            refused.append((path, f"{_shown(value)} is {note}; see docs/run-spec.md"))
+    return refused
 
 
 # --------------------------------------------------------------------------- the spec
@@ -711,7 +790,8 @@ class RunSpec(_Strict):
 
     @model_validator(mode="after")
     def _check_rules(self) -> RunSpec:
-        violations = [v for rule in _RULES for v in rule(self)]
+        # A value that is not implemented yet is reported alone: rules about it would only confuse.
+        violations = _refusals(self) or [v for rule in _RULES for v in rule(self)]
         if violations:
             raise SpecRuleViolation(violations)
         return self
@@ -990,12 +1070,9 @@ def _rule_lengths(s: RunSpec) -> Iterator[Violation]:
 
 
 def _rule_reward(s: RunSpec) -> Iterator[Violation]:
-    """GRPO, DAPO and PPO need `reward.functions` or `reward.reward_model`."""
+    """GRPO, DAPO and PPO need `reward.functions`."""
     if s.algorithm != "dpo" and not s.reward.functions and s.reward.reward_model is None:
-        yield (
-            "reward.functions",
-            f"{s.algorithm} needs a reward: add reward.functions or set reward.reward_model",
-        )
+        yield "reward.functions", f"{s.algorithm} needs a reward: add reward.functions"
 
 
 def _rule_trainer(s: RunSpec) -> Iterator[Violation]:
@@ -1082,7 +1159,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 # --------------------------------------------------------------------------- errors
 
 
-class SpecError(ValueError):
+class SpecError(InputError):
     """A spec that cannot be resolved; `errors` lists `{"field": dotted path, "message": ...}`.
 
     `field` is "" for problems with the whole spec (YAML syntax, a malformed override).
@@ -1390,8 +1467,27 @@ def load_spec(path: str | Path, overrides: Sequence[str] = ()) -> RunSpec:
 
 
 def spec_json_schema() -> dict[str, Any]:
-    """JSON Schema (draft 2020-12) of RunSpec, for forms and external validation."""
-    return RunSpec.model_json_schema()
+    """JSON Schema (draft 2020-12) of RunSpec, for forms and external validation. The
+    description of each field in NOT_IMPLEMENTED begins with what is built."""
+    schema = RunSpec.model_json_schema()
+    for path in NOT_IMPLEMENTED:
+        node = schema
+        for part in path.split("."):
+            node = _schema_object(schema, node)["properties"][part]
+        node["description"] = _described(path, node.get("description", ""))
+    return schema
+
+
+def _schema_object(schema: dict[str, Any], node: dict[str, Any]) -> dict[str, Any]:
+    """The object schema a property refers to (through `$ref`, or `anyOf` with null)."""
+    refs = [n["$ref"] for n in (node, *node.get("anyOf", ())) if "$ref" in n]
+    return schema["$defs"][refs[0].rsplit("/", 1)[1]] if refs else node
+
+
+def _described(path: str, description: str) -> str:
+    """A field's description, led by its not-implemented note when it has one."""
+    note = not_implemented_note(path)
+    return f"{note[0].upper()}{note[1:]}. {description}" if note else description
 
 
 # --------------------------------------------------------------------------- reference docs
@@ -1410,7 +1506,16 @@ def spec_reference_markdown() -> str:
         lines.append(f"- **{algorithm}**: {values}")
     lines += ["", "## Cross-field rules", ""]
     lines += [f"- {_summary(rule.__doc__)}" for rule in _RULES]
+    lines += ["", "## Not implemented yet", "", _NOT_IMPLEMENTED_INTRO, ""]
+    lines += [f"- `{path}`: {not_implemented_note(path)}" for path in NOT_IMPLEMENTED]
     return "\n".join(lines) + "\n"
+
+
+_NOT_IMPLEMENTED_INTRO = (
+    "These fields are part of the schema, but only the values listed are built today: a spec "
+    "that sets another value is refused at the field (`field: value is not implemented yet "
+    "(only ...)`), before the cross-field rules run."
+)
 
 
 def _table(model: type[BaseModel], prefix: str, with_sections: bool = True) -> list[str]:
@@ -1426,7 +1531,7 @@ def _rows(model: type[BaseModel], prefix: str, with_sections: bool = True) -> It
                 yield from _rows(inner, f"{path}.")
             continue
         type_name = _type_name(field.annotation) + _bounds(field.metadata)
-        cells = (f"`{path}`", type_name, _default(field), field.description or "")
+        cells = (f"`{path}`", type_name, _default(field), _described(path, field.description or ""))
         yield "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"
         if _is_model(inner):
             yield from _rows(inner, f"{path}.")

@@ -14,7 +14,9 @@ import math
 import os
 import sys
 import time
-from collections.abc import Mapping
+from collections import defaultdict
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -149,3 +151,36 @@ def make_tracker(spec, output_dir: Path, environ: Mapping[str, str] | None = Non
     elif "mlflow" in spec.trainer.logger:
         log.info("MLFLOW_TRACKING_URI is not set: metrics go to %s only", output_dir / "metrics.jsonl")
     return Tracker(sinks)
+
+
+class Timer:
+    """Wall time per named stage of one step, as `timing/<stage>` metrics."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    @contextmanager
+    def __call__(self, stage: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[stage] += time.perf_counter() - start
+
+    def metrics(self) -> dict[str, float]:
+        return {f"timing/{k}": v for k, v in self.seconds.items()}
+
+
+def stable_metrics(metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """Metrics that do not depend on wall time or memory (for exact-resume comparisons)."""
+    return {k: v for k, v in metrics.items()
+            if not k.startswith(("timing/", "perf/tokens_per_s", "memory/"))
+            and not (isinstance(v, float) and math.isnan(v))}
+
+
+def memory_metrics(per_rank: list[Mapping[str, float]], role: str = "actor") -> dict[str, float]:
+    """`memory/<role>/allocated_gb` and `memory/<role>/peak_gb`, the largest over the ranks'
+    `rl_core.device.memory_stats`."""
+    return {f"memory/{role}/{key.removesuffix('_bytes')}_gb":
+            max(r.get(key, 0.0) for r in per_rank) / 2**30
+            for key in ("allocated_bytes", "peak_bytes")}

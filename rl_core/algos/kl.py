@@ -62,10 +62,14 @@ def kl_loss(
     response_mask: torch.Tensor,
     kl_loss_type: str = "low_var_kl",
     loss_agg_mode: str = "token-mean",
+    norm_len: int | None = None,
 ) -> torch.Tensor:
-    """The KL loss term: log_prob, ref_log_prob, response_mask (B, T) -> scalar."""
+    """The KL loss term: log_prob, ref_log_prob, response_mask (B, T) -> scalar.
+
+    `norm_len` is the fixed horizon of `seq-mean-token-sum-norm` (as for the policy loss), so
+    the term does not depend on how wide the batch is padded."""
     kld = get_kl_estimator(kl_loss_type)(log_prob, ref_log_prob)
-    return agg_loss(kld, response_mask, loss_agg_mode)
+    return agg_loss(kld, response_mask, loss_agg_mode, norm_len=norm_len)
 
 
 @torch.no_grad()

@@ -351,7 +351,7 @@ def _is_actor(channel: Any) -> bool:
     )
 
 
-def _call(channel: Any, method: str, *args, **kwargs) -> Any:
+def call(channel: Any, method: str, *args, **kwargs) -> Any:
     """`channel.method(*args, **kwargs)` on a local channel or, through ray.get, on an actor."""
     if _is_actor(channel):
         import ray
@@ -379,14 +379,14 @@ def fetch(
     """
     needs = _names(needs)
     start = time.monotonic()
-    chunk, done = _call(channel, "wait_get", stage, needs, max_rows, min_rows=min_rows, wait_s=0.0)
+    chunk, done = call(channel, "wait_get", stage, needs, max_rows, min_rows=min_rows, wait_s=0.0)
     if chunk is not None or done:
         return chunk, 0.0
     while True:
         waited = time.monotonic() - start
         if waited >= timeout_s:
             raise TimeoutError(_timeout_message(channel, stage, needs, min_rows, waited))
-        chunk, done = _call(channel, "wait_get", stage, needs, max_rows, min_rows=min_rows,
+        chunk, done = call(channel, "wait_get", stage, needs, max_rows, min_rows=min_rows,
                             wait_s=min(timeout_s - waited, poll_s))
         if chunk is not None or done:
             return chunk, time.monotonic() - start
@@ -395,8 +395,8 @@ def fetch(
 def _timeout_message(
     channel: Any, stage: str, needs: list[str], min_rows: int, waited: float
 ) -> str:
-    ready, left = _call(channel, "ready", stage, needs), _call(channel, "remaining", stage)
-    missing = _call(channel, "missing", stage, needs)
+    ready, left = call(channel, "ready", stage, needs), call(channel, "remaining", stage)
+    missing = call(channel, "missing", stage, needs)
     lacking = ", ".join(f"{name!r} on {n} rows" for name, n in missing.items() if n) or "none"
     return (
         f"stage {stage!r} waited {waited:.1f} s for columns {needs}: {ready} rows ready "
@@ -430,5 +430,5 @@ def drain(
             return {"wait_s": wait_s, "chunks": float(chunks), "rows": float(rows)}
         out = fn(chunk)
         if out:
-            _call(channel, "put", chunk.rows, out)
+            call(channel, "put", chunk.rows, out)
         chunks, rows = chunks + 1, rows + len(chunk.rows)

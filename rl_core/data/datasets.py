@@ -17,13 +17,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rl_core.errors import InputError
+
 SUPPORTED_SUFFIXES = (".jsonl", ".parquet")
 MAX_REPORTED = 10  # problems listed in one error; the rest are counted
 
 Messages = list[dict[str, str]]
 
 
-class DataError(ValueError):
+class DataError(InputError):
     """A dataset, template or generator request that cannot be used; the message says why."""
 
 

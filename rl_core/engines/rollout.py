@@ -35,12 +35,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from rl_core.data.batch import Batch, left_pad
 
 # Llama-style decoders whose layers the fast decoder can run (checked structurally as well).
 FAST_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
@@ -107,40 +109,6 @@ class SamplingParams:
     def filters(self) -> bool:
         """Whether any of top-k, top-p, min-p changes the distribution sampled from."""
         return self.top_k > 0 or self.top_p < 1 or self.min_p > 0
-
-
-@dataclass
-class RolloutBatch:
-    """Prompts and sampled responses, B = num_prompts * n rows (a prompt's n rows adjacent).
-
-    Prompts are left-padded and responses right-padded with the pad id. Masks are long tensors
-    of 0/1; `response_mask` covers the generated tokens up to and including the eos token.
-    """
-
-    prompt_ids: torch.Tensor  # (B, P) long
-    prompt_mask: torch.Tensor  # (B, P) long
-    response_ids: torch.Tensor  # (B, R) long, R = longest response
-    response_mask: torch.Tensor  # (B, R) long
-    logprobs: torch.Tensor  # (B, R) float32, 0 on padding
-    prompt_index: torch.Tensor  # (B,) long: the input prompt each row came from
-    response_lengths: torch.Tensor  # (B,) long
-    finished: torch.Tensor  # (B,) bool: stopped on eos (False: cut at max_new_tokens)
-
-    def __len__(self) -> int:
-        return self.prompt_ids.shape[0]
-
-    def to_sequences(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(input_ids, attention_mask, position_ids), each (B, P + R), for a training forward.
-
-        Position ids count the prompt's real tokens from 0 and continue through the response
-        (and its padding, which the attention mask hides), as in verl.
-        """
-        input_ids = torch.cat([self.prompt_ids, self.response_ids], dim=1)
-        attention_mask = torch.cat([self.prompt_mask, self.response_mask], dim=1)
-        prompt_positions = (self.prompt_mask.cumsum(1) - 1).clamp(min=0)  # (B, P)
-        steps = torch.arange(1, self.response_ids.shape[1] + 1, device=self.prompt_ids.device)
-        response_positions = prompt_positions[:, -1:] + steps  # (B, R)
-        return input_ids, attention_mask, torch.cat([prompt_positions, response_positions], 1)
 
 
 # --------------------------------------------------------------------------- sampling
@@ -246,24 +214,6 @@ def _gather(logp: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------- prompts
-
-
-def left_pad(
-    prompts: Sequence[Sequence[int]], pad_token_id: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token lists -> (ids, mask), each (N, P) long, left-padded to the longest prompt."""
-    if not prompts:
-        raise ValueError("no prompts to generate from")
-    lengths = [len(p) for p in prompts]
-    if min(lengths) == 0:
-        raise ValueError(f"prompt {lengths.index(0)} is empty; every prompt needs a token")
-    width = max(lengths)
-    ids = torch.full((len(prompts), width), pad_token_id, dtype=torch.long)
-    mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for row, prompt in enumerate(prompts):
-        ids[row, width - len(prompt) :] = torch.as_tensor(list(prompt), dtype=torch.long)
-        mask[row, width - len(prompt) :] = 1
-    return ids.to(device), mask.to(device)
 
 
 def mask_positions(mask: torch.Tensor) -> torch.Tensor:
@@ -720,6 +670,35 @@ class NativeRolloutEngine:
         self.check_every = check_every or (1 if self.device.type == "cpu" else 8)
         self._cache = _StaticCache()
 
+    @classmethod
+    def from_spec(cls, model: torch.nn.Module, tokenizer: Any, rollout: Any,
+                  device: str | torch.device = "cpu") -> NativeRolloutEngine:
+        """The engine of the spec's `rollout` section over `model` (the training weights)."""
+        return cls(model, eos_token_ids=eos_ids(tokenizer, model),
+                   pad_token_id=tokenizer.pad_token_id, device=device)
+
+    def load_weights(self, buckets: Iterable[list[tuple[str, torch.Tensor]]]) -> None:
+        """Copy weights by name into the model (from a training engine's `weight_buckets`).
+
+        The native engine usually holds the training model itself and needs no copy; this is
+        for an engine over a model of its own. An unknown name is an error."""
+        own = self.model.state_dict()
+        with torch.no_grad():
+            for bucket in buckets:
+                for name, tensor in bucket:
+                    if name not in own:
+                        raise KeyError(f"the rollout model has no weight named {name!r}")
+                    if own[name].data_ptr() != tensor.data_ptr():
+                        own[name].copy_(tensor)
+        self._cache.free()
+
+    def sleep(self) -> None:
+        """Free the KV cache; the weights are the training model's and stay where it puts them."""
+        self._cache.free()
+
+    def wake_up(self) -> None:
+        """Nothing to restore: the cache is allocated again by the next `generate`."""
+
     @property
     def cache_nbytes(self) -> int:
         """Bytes held by the KV cache between calls (0 after `free_cache`)."""
@@ -737,7 +716,7 @@ class NativeRolloutEngine:
         generator: torch.Generator | None = None,
         *,
         uniforms: torch.Tensor | None = None,
-    ) -> RolloutBatch:
+    ) -> Batch:
         """Sample `params.n` responses to each prompt (token ids, no padding).
 
         The draws come from `uniforms` (rows = len(prompts) × n, max_new_tokens), see
@@ -818,21 +797,21 @@ class NativeRolloutEngine:
         logprobs: torch.Tensor,
         alive: torch.Tensor,
         n: int,
-    ) -> RolloutBatch:
+    ) -> Batch:
         lengths = alive.sum(1)  # (B,)
         width = int(lengths.max())
         last = tokens.gather(1, (lengths - 1).clamp(min=0)[:, None]).squeeze(1)
         eos = torch.tensor(self.eos_token_ids, device=tokens.device)
-        return RolloutBatch(
-            prompt_ids=ids.repeat_interleave(n, 0),
-            prompt_mask=mask.repeat_interleave(n, 0),
-            response_ids=tokens[:, :width].contiguous(),
-            response_mask=alive[:, :width].long(),
-            logprobs=logprobs[:, :width].contiguous(),
-            prompt_index=torch.arange(ids.shape[0], device=ids.device).repeat_interleave(n),
-            response_lengths=lengths,
-            finished=torch.isin(last, eos),
-        )
+        return Batch({
+            "prompt_ids": ids.repeat_interleave(n, 0),
+            "prompt_mask": mask.repeat_interleave(n, 0),
+            "response_ids": tokens[:, :width].contiguous(),
+            "response_mask": alive[:, :width].long(),
+            "logprobs": logprobs[:, :width].contiguous(),
+            "prompt_index": torch.arange(ids.shape[0], device=ids.device).repeat_interleave(n),
+            "response_lengths": lengths,
+            "finished": torch.isin(last, eos),
+        })
 
 
 class _Responses:
@@ -861,6 +840,14 @@ class _Responses:
         return self.tokens[:, :steps], self.logprobs[:, :steps], self.alive[:, :steps]
 
 
+def eos_ids(tokenizer: Any, model: torch.nn.Module) -> list[int]:
+    """Every token id that ends a response: the tokenizer's eos and the generation config's."""
+    ids = {tokenizer.eos_token_id}
+    configured = getattr(model.generation_config, "eos_token_id", None)
+    ids.update(configured if isinstance(configured, list) else [configured])
+    return sorted(i for i in ids if i is not None)
+
+
 @contextlib.contextmanager
 def _eval_mode(model: torch.nn.Module) -> Iterator[None]:
     """Eval mode (no dropout) while generating; every module's own mode restored afterwards."""
@@ -875,7 +862,6 @@ def _eval_mode(model: torch.nn.Module) -> Iterator[None]:
 
 __all__ = [
     "NativeRolloutEngine",
-    "RolloutBatch",
     "SamplingParams",
     "apply_min_p",
     "apply_top_k",

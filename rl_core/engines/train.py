@@ -6,7 +6,7 @@
     metrics = engine.train_step(batch, loss_fn)          # one optimizer step on a mini-batch
     torch.save(engine.state_dict(), path)                # optimizer + step (weights: the model)
 
-Sequences are laid out as the rollout produces them (`RolloutBatch.to_sequences`): prompts
+Sequences are laid out as the rollout produces them (`Batch.to_sequences`): prompts
 left-padded, responses right-padded, the response in the last R columns of every row, position
 ids `cumsum(mask) - 1`. Log-probs are those of the response tokens under
 softmax(logits / temperature); logits are computed only for the R positions that predict the
@@ -54,7 +54,7 @@ to one rank stepping on the whole mini-batch.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -63,33 +63,14 @@ import torch.nn.functional as F
 
 from rl_core.algos.entropy import log_probs_from_logits
 from rl_core.algos.masked import masked_mean
+from rl_core.engines.base import LossFn, WeightBucket
+from rl_core.errors import NonFiniteError
 
 if TYPE_CHECKING:
     from rl_core.spec import ActorConfig
 
-# loss_fn(micro, logprobs (b, R), entropy (b, R) | None) -> (scalar loss, metrics)
-LossFn = Callable[
-    [dict[str, Any], torch.Tensor, "torch.Tensor | None"],
-    tuple[torch.Tensor, Mapping[str, Any]],
-]
-
 PARAM_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 METRIC_PREFIX = "actor/"
-
-
-class NonFiniteError(FloatingPointError):
-    """A train step whose loss or gradient norm is NaN or infinite; the optimizer did not step.
-
-    `metrics` holds the step's averaged metrics, the loss and the gradient norm.
-    """
-
-    def __init__(self, what: str, step: int, metrics: dict[str, float]) -> None:
-        self.metrics = metrics
-        shown = ", ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items()))
-        super().__init__(
-            f"non-finite {what} at optimizer step {step + 1}; the step was skipped and the "
-            f"weights are unchanged (lower the lr, check the inputs or use float32): {shown}"
-        )
 
 
 # --------------------------------------------------------------------------- lr schedule
@@ -229,6 +210,32 @@ def token_logprobs(
     return picked, -(logp.exp() * logp).sum(-1)
 
 
+# --------------------------------------------------------------------------- heads
+
+
+class LogProbHead:
+    """A causal LM's response log-probs (and entropy): logits only for the `keep` positions
+    that predict the response (`logits_to_keep`), in float32."""
+
+    def __call__(self, model, ids, attention_mask, position_ids, keep: int, temperature: float,
+                 with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        out = model(input_ids=ids, attention_mask=attention_mask, position_ids=position_ids,
+                    use_cache=False, logits_to_keep=keep + 1)
+        logits = out.logits[:, :-1]  # (b, keep, V): positions predicting the response tokens
+        return token_logprobs(logits, ids[:, -keep:], temperature, with_entropy)
+
+
+class ValueHead:
+    """A value model (a token classifier with one output): the value of the state before each
+    response token (b, keep); no entropy."""
+
+    def __call__(self, model, ids, attention_mask, position_ids, keep: int, temperature: float,
+                 with_entropy: bool) -> tuple[torch.Tensor, None]:
+        out = model(input_ids=ids, attention_mask=attention_mask, position_ids=position_ids,
+                    use_cache=False)
+        return out.logits[:, -keep - 1:-1, 0].float(), None
+
+
 # --------------------------------------------------------------------------- engine
 
 
@@ -236,7 +243,9 @@ class TrainEngine:
     """Owns a causal LM's optimizer on one device: response log-probs and optimizer steps.
 
     The model is moved to `device` (parameters cast to `param_dtype`) and updated in place, so
-    a rollout engine holding the same model sees every update.
+    a rollout engine holding the same model sees every update. The `head` turns the model's
+    output into what the losses read: response log-probs (`LogProbHead`, the policy) or values
+    (`ValueHead`, the critic).
     """
 
     def __init__(
@@ -258,6 +267,7 @@ class TrainEngine:
         trim_padding: bool = True,
         dp_group: Any = None,
         metric_prefix: str = METRIC_PREFIX,
+        head: Callable[..., tuple[torch.Tensor, torch.Tensor | None]] | None = None,
     ) -> None:
         """`micro_batch_size` (rows), `max_token_len` (valid tokens per micro-batch: dynamic
         batch size, which then overrides every row count) and `loss_agg_mode` are defaults for
@@ -283,6 +293,7 @@ class TrainEngine:
         self.micro_batch_size, self.max_token_len = micro_batch_size, max_token_len
         self.loss_agg_mode, self.trim_padding = loss_agg_mode, trim_padding
         self.dp_group, self.metric_prefix = dp_group, metric_prefix
+        self.head = head or LogProbHead()
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = _adamw(self.params, lr, betas, weight_decay, self.device)
         self.step = 0  # optimizer steps taken
@@ -371,16 +382,10 @@ class TrainEngine:
         left, right = extents.window(rows, width, response_len) if self.trim_padding else (0, 0)
         cols = slice(left, width - right)
         keep = response_len - right  # response columns computed
-        ids = input_ids[:, cols].to(self.device)
-        out = self.model(
-            input_ids=ids,
-            attention_mask=attention_mask[:, cols].to(self.device),
-            position_ids=position_ids[:, cols].to(self.device),
-            use_cache=False,
-            logits_to_keep=keep + 1,
-        )
-        logits = out.logits[:, :-1]  # (b, keep, V): positions predicting the response tokens
-        logprobs, entropy = token_logprobs(logits, ids[:, -keep:], temperature, with_entropy)
+        logprobs, entropy = self.head(
+            self.model, input_ids[:, cols].to(self.device),
+            attention_mask[:, cols].to(self.device), position_ids[:, cols].to(self.device),
+            keep, temperature, with_entropy)
         if right:
             logprobs = F.pad(logprobs, (0, right))
             entropy = F.pad(entropy, (0, right)) if entropy is not None else None
@@ -530,6 +535,41 @@ class TrainEngine:
         if self.grad_clip > 0:  # a non-finite norm spoils the grads, but then nothing steps
             torch.nn.utils.clip_grads_with_norm_(self.params, self.grad_clip, norm, foreach=True)
         return norm
+
+    # ----------------------------------------------------------------------- weights, memory
+
+    def weight_buckets(self, bucket_bytes: int = 512 << 20) -> Iterator[WeightBucket]:
+        """The model's full weights (parameters and buffers of its state dict) as buckets of
+        (name, tensor) pairs of at most about `bucket_bytes` each (a larger tensor is a bucket
+        of its own); the tensors are the live ones, not copies."""
+        bucket: WeightBucket = []
+        size = 0
+        for name, tensor in self.model.state_dict().items():
+            nbytes = tensor.numel() * tensor.element_size()
+            if bucket and size + nbytes > bucket_bytes:
+                yield bucket
+                bucket, size = [], 0
+            bucket.append((name, tensor))
+            size += nbytes
+        if bucket:
+            yield bucket
+
+    def offload(self) -> None:
+        """Parameters, gradients and optimizer state to host memory (a no-op on CPU)."""
+        self._move(torch.device("cpu"))
+
+    def reload(self) -> None:
+        """Back to the engine's device after `offload`."""
+        self._move(self.device)
+
+    def _move(self, device: torch.device) -> None:
+        if device.type == "cpu" and self.device.type == "cpu":
+            return
+        self.model.to(device)
+        for state in self.optimizer.state.values():
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor) and key != "step":
+                    state[key] = value.to(device)
 
     # ----------------------------------------------------------------------- checkpoint
 

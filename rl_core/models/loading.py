@@ -34,6 +34,7 @@ from transformers.models.auto.modeling_auto import (
 )
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
+from rl_core.errors import InputError
 from rl_core.models.presets import parse_tiny_path
 from rl_core.models.tiny import resolve_tiny
 
@@ -68,7 +69,7 @@ _CAUSAL_LM_CLASSES = frozenset(
 _TESTED = "qwen2, qwen3, llama"
 
 
-class ModelLoadError(ValueError):
+class ModelLoadError(InputError):
     """A model or tokenizer folder that cannot be loaded; the message starts with its path."""
 
 

@@ -6,6 +6,7 @@ import inspect
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from rl_core.errors import InputError
 from rl_core.rewards.functions import (
     countdown,
     exact_match,
@@ -21,7 +22,7 @@ class RewardFn(Protocol):
     def __call__(self, completion: str, ground_truth: Any, **kwargs: Any) -> float: ...
 
 
-class UnknownRewardError(KeyError):
+class UnknownRewardError(InputError, KeyError):
     """A reward name that is not registered; the message lists the valid names."""
 
     def __str__(self) -> str:

@@ -23,19 +23,11 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from rl_core.errors import TrainingStopped
+from rl_core.errors import InputError, RoleFailed, TrainingStopped
 
 # How long a rank waits in a collective before giving up; a dead peer is normally noticed by
 # the controller long before (Ray reports a lost actor within seconds).
 COLLECTIVE_TIMEOUT_S = float(os.environ.get("RL_CORE_COLLECTIVE_TIMEOUT_S", "600"))
-
-
-class RoleFailed(RuntimeError):
-    """A role's rank raised or died; the message names the role, the rank and the reason."""
-
-    def __init__(self, role: str, rank: int, reason: str) -> None:
-        self.role, self.rank, self.reason = role, rank, reason
-        super().__init__(f"role {role} (rank {rank}) failed: {reason}")
 
 
 class Worker:
@@ -230,10 +222,8 @@ class RayGroup:
         try:
             ray.get(ref)
         except ray.exceptions.RayTaskError as exc:
-            from rl_core.cli_run import input_errors
-
             cause = getattr(exc, "cause", None)
-            if isinstance(cause, (TrainingStopped, *input_errors())):
+            if isinstance(cause, (TrainingStopped, InputError)):
                 raise cause from None  # the same exit status as in one process
             raise RoleFailed(self.name, rank, _one_line(cause or exc)) from None
         except ray.exceptions.RayActorError as exc:

@@ -25,19 +25,15 @@ import torch
 
 from rl_core import algos
 from rl_core.checkpoint import rng_state, set_rng_state
-from rl_core.engines.rollout import (
-    NativeRolloutEngine,
-    RolloutBatch,
-    SamplingParams,
-    draw_uniforms,
-)
-from rl_core.engines.train import NonFiniteError, TrainEngine, token_logprobs
-from rl_core.errors import TrainingStopped
+from rl_core.data.batch import Batch
+from rl_core.data.prompts import decode_rows
+from rl_core.engines import rollout_engine, training_engine
+from rl_core.engines.rollout import SamplingParams, draw_uniforms
+from rl_core.engines.train import ValueHead, split_rows, token_logprobs
+from rl_core.errors import NonFiniteError, TrainingStopped
 from rl_core.models.loading import load_model_and_tokenizer
 from rl_core.roles.group import Worker
 from rl_core.spec import RunSpec
-
-SEQUENCE_COLUMNS = ("input_ids", "attention_mask", "position_ids", "response_mask")
 
 
 def seed_everything(seed: int, deterministic: bool) -> None:
@@ -45,13 +41,6 @@ def seed_everything(seed: int, deterministic: bool) -> None:
     torch.manual_seed(seed)
     if deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
-
-
-def eos_ids(tokenizer, model) -> list[int]:
-    ids = {tokenizer.eos_token_id}
-    configured = getattr(model.generation_config, "eos_token_id", None)
-    ids.update(configured if isinstance(configured, list) else [configured])
-    return sorted(i for i in ids if i is not None)
 
 
 def role_device(spec: RunSpec, device: str | None) -> torch.device:
@@ -79,8 +68,6 @@ def load_policy(spec: RunSpec, path: str, device: torch.device):
 def sequence_logprobs(model, columns: Mapping[str, torch.Tensor], temperature: float,
                       micro_batch_size: int | None = None) -> torch.Tensor:
     """Log-probs (B, R) of each row's response tokens under a frozen model."""
-    from rl_core.engines.train import split_rows
-
     input_ids, response_len = columns["input_ids"], columns["response_mask"].shape[1]
     device = next(model.parameters()).device
     outs = []
@@ -92,11 +79,6 @@ def sequence_logprobs(model, columns: Mapping[str, torch.Tensor], temperature: f
         labels = input_ids[rows, -response_len:].to(device)
         outs.append(token_logprobs(out.logits[:, :-1], labels, temperature)[0].cpu())
     return torch.cat(outs)
-
-
-def decode_responses(tokenizer, response_ids: torch.Tensor, lengths: torch.Tensor) -> list[str]:
-    rows = [response_ids[i, :n].tolist() for i, n in enumerate(lengths.tolist())]
-    return tokenizer.batch_decode(rows, skip_special_tokens=True)
 
 
 # --------------------------------------------------------------------------- actor + rollout
@@ -117,10 +99,10 @@ class ActorWorker(Worker):
             model, tokenizer = load_policy(spec, model_path, self.device)
         self.model, self.tokenizer = model, tokenizer
         self.sampling = SamplingParams.from_config(spec.rollout)
-        self.rollout = NativeRolloutEngine(self.model, eos_token_ids=eos_ids(tokenizer, model),
-                                           pad_token_id=tokenizer.pad_token_id, device=self.device)
-        self.engine = TrainEngine.from_spec(self.model, spec.actor, total_steps, spec.model.dtype,
-                                            self.device)
+        self.rollout = rollout_engine(spec.rollout.engine).from_spec(
+            self.model, tokenizer, spec.rollout, self.device)
+        self.engine = training_engine(spec.actor.strategy).from_spec(
+            self.model, spec.actor, total_steps, spec.model.dtype, self.device)
         self.loss_fn = policy_loss_fn(spec, self.sampling)
 
     def init_distributed(self, host: str, port: int, backend: str) -> None:
@@ -131,7 +113,7 @@ class ActorWorker(Worker):
 
     def generate(self, prompt_ids: list[list[int]], params: SamplingParams, seed: int = 0,
                  row_range: tuple[int, int] | None = None, total_rows: int | None = None
-                 ) -> RolloutBatch | None:
+                 ) -> Batch | None:
         """Sample the prompts; the draws are rows `row_range` of the whole batch's table
         (`total_rows` rows, seeded by `seed`), so the shards of a batch equal the batch."""
         if not prompt_ids:  # a rank left without prompts (a batch smaller than the ranks)
@@ -142,11 +124,16 @@ class ActorWorker(Worker):
             generator = torch.Generator().manual_seed(seed)
             uniforms = draw_uniforms(rows, params.max_new_tokens, generator, row_range=row_range,
                                      device=self.device)
-        batch = self.rollout.generate(prompt_ids, params, uniforms=uniforms)
-        return _to_cpu(batch)
+        return self.rollout.generate(prompt_ids, params, uniforms=uniforms).to("cpu")
 
     def free_cache(self) -> None:
         self.rollout.free_cache()
+
+    def memory(self) -> dict[str, float]:
+        """Allocated and peak memory of this rank's device (on CPU: the process's resident set)."""
+        from rl_core import device as devices
+
+        return devices.memory_stats(self.device)
 
     # ----------------------------------------------------------------------- log-probs, update
 
@@ -222,16 +209,12 @@ def policy_loss_fn(spec: RunSpec, sampling: SamplingParams) -> Callable:
             metrics["actor/entropy"] = ent.detach()
         if actor.use_kl_loss and "ref_logprobs" in mb:
             kl = algos.kl_loss(logprobs, mb["ref_logprobs"], mask, actor.kl_loss_type,
-                               loss_agg_mode=mode)
+                               loss_agg_mode=mode, norm_len=norm_len)
             loss = loss + actor.kl_loss_coef * kl
             metrics["actor/kl_loss"] = kl.detach()
         return loss, metrics
 
     return loss_fn
-
-
-def _to_cpu(batch: RolloutBatch) -> RolloutBatch:
-    return RolloutBatch(**{k: v.cpu() for k, v in vars(batch).items()})
 
 
 # --------------------------------------------------------------------------- reference
@@ -305,7 +288,7 @@ class RewardWorker(Worker):
         if stage != "reward":
             return super().compute(stage, chunk)
         cols = chunk.columns
-        texts = decode_responses(self.tokenizer, cols["response_ids"], cols["response_lengths"])
+        texts = decode_rows(self.tokenizer, cols["response_ids"], cols["response_lengths"])
         scored = self.composer.score_batch(texts, cols["truth"])
         out = {"score": torch.tensor(scored.total, dtype=torch.float32)}
         for name, values in scored.per_function.items():
@@ -324,25 +307,6 @@ class RewardWorker(Worker):
 
 
 # --------------------------------------------------------------------------- critic
-
-
-class ValueEngine(TrainEngine):
-    """A `TrainEngine` over a value model: `_forward` returns the value of the state before
-    each response token (B, R) where the policy engine returns log-probs."""
-
-    def _forward(self, input_ids, attention_mask, position_ids, response_len, temperature,
-                 with_entropy, extents, rows):
-        width = input_ids.shape[1]
-        left, right = extents.window(rows, width, response_len) if self.trim_padding else (0, 0)
-        cols = slice(left, width - right)
-        keep = response_len - right
-        out = self.model(input_ids=input_ids[:, cols].to(self.device),
-                         attention_mask=attention_mask[:, cols].to(self.device),
-                         position_ids=position_ids[:, cols].to(self.device), use_cache=False)
-        values = out.logits[:, -keep - 1:-1, 0].float()  # the state before each response token
-        if right:
-            values = torch.nn.functional.pad(values, (0, right))
-        return values, None
 
 
 class CriticWorker(Worker):
@@ -372,8 +336,8 @@ class CriticWorker(Worker):
         finally:
             hf_logging.set_verbosity(verbosity)
         critic = spec.critic
-        self.engine = ValueEngine(
-            model, lr=critic.lr, weight_decay=spec.actor.weight_decay,
+        self.engine = training_engine(spec.actor.strategy)(
+            model, head=ValueHead(), lr=critic.lr, weight_decay=spec.actor.weight_decay,
             warmup_steps=critic.warmup_steps, lr_scheduler="constant", total_steps=total_steps,
             grad_clip=spec.actor.grad_clip, param_dtype=spec.model.dtype, device=self.device,
             micro_batch_size=critic.ppo_micro_batch_size, loss_agg_mode="token-mean",

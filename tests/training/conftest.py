@@ -74,7 +74,7 @@ def tiny_cache(tmp_path_factory):
 def sft_base(tmp_path_factory, tiny_cache) -> Path:
     """A tiny model fine-tuned to be right only part of the time: the base the RL algorithms
     must improve (made once per session)."""
-    from rl_core.sft import SFTTrainer
+    from rl_core.recipes.sft import SFTTrainer
     from rl_core.spec import resolve_spec
 
     out = tmp_path_factory.mktemp("sft")

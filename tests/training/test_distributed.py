@@ -18,12 +18,13 @@ from learning import learning_spec, rose, validation_gain
 from safetensors.torch import load_file
 from test_trainer import read_metrics, tiny_spec
 
-from rl_core.dpo import DPOTrainer
 from rl_core.errors import InputError
+from rl_core.recipes.dpo import DPOTrainer
+from rl_core.recipes.rl import RLTrainer
 from rl_core.roles import RayGroup, RoleFailed, Worker
 from rl_core.roles.cluster import check_resources
 from rl_core.spec import resolve_spec
-from rl_core.trainer import RLTrainer, stable_metrics
+from rl_core.tracking import stable_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from learning import learning_spec, rose, validation_gain
 
+from rl_core.recipes.rl import RLTrainer
 from rl_core.spec import resolve_spec
-from rl_core.trainer import RLTrainer
 
 
 def test_grpo_raises_validation_accuracy_over_an_sft_base(tmp_path: Path, sft_base):

@@ -14,8 +14,9 @@ from mlflow.tracking import MlflowClient
 
 from rl_core.checkpoint import list_checkpoints
 from rl_core.errors import InputError
+from rl_core.recipes.rl import RLTrainer
 from rl_core.spec import resolve_spec
-from rl_core.trainer import RLTrainer, stable_metrics
+from rl_core.tracking import stable_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -76,6 +76,17 @@ def test_kl_loss_aggregates_with_mask():
     torch.testing.assert_close(kl_loss(logp, ref, mask, "k1"), torch.tensor(0.5))
 
 
+def test_kl_loss_sum_norm_divides_by_the_fixed_horizon_not_the_padding():
+    logp = torch.tensor([[0.0, -1.0]])
+    ref = torch.tensor([[-1.0, -1.0]])
+    mask = torch.tensor([[1.0, 1.0]])
+    # k1 per token (1, 0): token sum 1, over the horizon 4 = 0.25, however wide the padding
+    for pad in (0, 3):
+        padded = [torch.nn.functional.pad(t, (0, pad)) for t in (logp, ref, mask)]
+        loss = kl_loss(*padded, "k1", loss_agg_mode="seq-mean-token-sum-norm", norm_len=4)
+        torch.testing.assert_close(loss, torch.tensor(0.25))
+
+
 def test_apply_kl_penalty_hand_computed():
     rewards = torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
     logp = torch.tensor([[-1.0, -1.0, 3.0], [-1.0, -1.0, -1.0]])

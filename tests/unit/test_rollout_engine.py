@@ -313,7 +313,7 @@ def test_generation_restores_train_mode_and_returns_ordinary_tensors():
     model = nano().train()
     batch = greedy(NativeRolloutEngine(model, [EOS], PAD), make_prompts())
     assert model.training
-    for value in vars(batch).values():
+    for value in batch.columns.values():
         assert not value.is_inference() and not value.requires_grad
 
 

@@ -223,8 +223,8 @@ RULE_CASES = [
     ),
     (
         ["resources.devices_per_node=3", "parallel.tensor_parallel_size=2"],
-        "parallel",
-        "change the parallel sizes or the device count",
+        "parallel.tensor_parallel_size",
+        "2 is not implemented yet (only 1)",
     ),
     (
         ["resources.devices_per_node=4", "parallel.data_parallel_size=2"],
@@ -234,7 +234,7 @@ RULE_CASES = [
     (
         ["resources.devices_per_node=2", "rollout.tensor_parallel_size=4"],
         "rollout.tensor_parallel_size",
-        "use a divisor of 2",
+        "4 is not implemented yet (only 1)",
     ),
     (["resources.devices_per_node=8"], "data.train_batch_size", "use a multiple of 8"),
     (["actor.ppo_mini_batch_size=3"], "actor.ppo_mini_batch_size", "pick a divisor of 4"),
@@ -256,7 +256,7 @@ RULE_CASES = [
             "parallel.resharding=none",
         ],
         "parallel.resharding",
-        "or parallel.resharding=auto",
+        "none is not implemented yet (only auto)",
     ),
     (
         ["actor.use_dynamic_bsz=true", "actor.max_token_len_per_gpu=100"],
@@ -268,7 +268,11 @@ RULE_CASES = [
         "advantage.overlong_buffer.len",
         "lower advantage.overlong_buffer.len",
     ),
-    (["rollout.partial_rollout_max_split=3"], "rollout.partial_rollout_max_split", "change either"),
+    (
+        ["rollout.partial_rollout_max_split=3"],
+        "rollout.partial_rollout_max_split",
+        "3 is not implemented yet (only 0 or 1)",
+    ),
     (
         ["rollout.partial_rollout_max_split=-1"],
         "rollout.partial_rollout_max_split",
@@ -277,7 +281,7 @@ RULE_CASES = [
     (
         ["reward.functions=[]"],
         "reward.functions",
-        "add reward.functions or set reward.reward_model",
+        "add reward.functions",
     ),
     (["trainer.resume_mode=resume_path"], "trainer.resume_path", "set it or use resume_mode=auto"),
     (
@@ -455,9 +459,8 @@ def test_device_request_arithmetic():
         {
             **MINIMAL,
             "resources": {"device_type": "npu", "num_nodes": 2, "devices_per_node": 8},
-            "parallel": {"tensor_parallel_size": 2},
             "data": {"synthetic": {}, "train_batch_size": 16},
-            "actor": {"ppo_mini_batch_size": 4},
+            "actor": {"ppo_mini_batch_size": 4, "ppo_micro_batch_size": 1},
         }
     )
     assert spec.device_request() == {
@@ -466,7 +469,7 @@ def test_device_request_arithmetic():
         "num_nodes": 2,
         "devices_per_node": 8,
     }
-    assert (spec.model_parallel_size, spec.data_parallel_size) == (2, 8)
+    assert (spec.model_parallel_size, spec.data_parallel_size) == (1, 16)  # every device a replica
 
 
 def test_flat_params_are_dotted_text():

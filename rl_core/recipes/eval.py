@@ -1,18 +1,16 @@
-"""`python -m rl_core eval CHECKPOINT DATA`: accuracy and pass@k of a model folder on a dataset."""
+"""The evaluation recipe: `python -m rl_core eval CHECKPOINT DATA`, greedy accuracy and pass@k
+of a model folder on a dataset, with the same reward functions as training."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 from rl_core.data.datasets import load_prompts
+from rl_core.data.prompts import Prompts
 from rl_core.data.templates import render_prompts
-from rl_core.engines.rollout import NativeRolloutEngine, SamplingParams
+from rl_core.engines.rollout import NativeRolloutEngine, SamplingParams, eos_ids
 from rl_core.errors import InputError
 from rl_core.evaluation import evaluate_prompts
 from rl_core.models.loading import load_model_and_tokenizer
 from rl_core.rewards import RewardComposer
-from rl_core.roles.workers import eos_ids
-from rl_core.trainer import Prompts
 
 
 def evaluate_checkpoint(checkpoint: str, data: str, *, k: int = 0, template: str = "plain",
@@ -27,11 +25,8 @@ def evaluate_checkpoint(checkpoint: str, data: str, *, k: int = 0, template: str
                       [r.record.ground_truth for r in rendered])
     rollout = NativeRolloutEngine(model, eos_token_ids=eos_ids(tokenizer, model),
                                   pad_token_id=tokenizer.pad_token_id)
+    sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)
     with RewardComposer([reward]) as rewards:
-        # evaluate_prompts reads these attributes of a trainer
-        view = SimpleNamespace(
-            model=model, tokenizer=tokenizer, rollout=rollout, rewards=rewards,
-            sampling=SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature),
-            spec=SimpleNamespace(seed=seed, data=SimpleNamespace(val_batch_size=batch_size)))
-        metrics = evaluate_prompts(view, prompts, prefix="eval", k=k)
+        metrics = evaluate_prompts(rollout, tokenizer, rewards, prompts, sampling,
+                                   batch_size=batch_size, seed=seed, prefix="eval", k=k)
     return {"checkpoint": checkpoint, "data": data, "prompts": len(prompts), **metrics}

@@ -4,16 +4,16 @@
     python -m rl_core sft SPEC.yaml [dotted.key=value ...]
     python -m rl_core eval CHECKPOINT DATA [--k 8] [--template plain] [--max-new-tokens 16]
 
-`train` runs GRPO, DAPO and PPO with `rl_core.trainer.RLTrainer` and DPO with
-`rl_core.dpo.DPOTrainer`. Backend `auto` (the default) runs the roles as Ray actors when
+`train` runs the recipe of the spec's algorithm (`rl_core.recipes`: RL for GRPO, DAPO and PPO,
+DPO for dpo), `sft` the SFT recipe, `eval` the evaluation recipe. Backend `auto` (the default) runs the roles as Ray actors when
 `RAY_ADDRESS` names a cluster (as inside a Ray job) or the spec asks for more than one device,
 starting a local Ray when none is named; otherwise everything runs in this process.
 
 Before anything is read, the spec's paths (eval: the checkpoint and data) are checked against
 the cluster's path policy when the platform passes one in ASCENT_PATH_POLICY (rl_core.paths).
 
-Exit status: 0 on success; 2 for a spec or input error (a path outside the policy too), which a
-retry cannot fix; 1 for any other failure. The last line on stderr always says why a run ended
+Exit status (`rl_core.errors.exit_code`): 0 on success; 2 for a spec or input error (a path
+outside the policy too), which a retry cannot fix; 1 for any other failure. The last line on stderr always says why a run ended
 badly, in one line.
 """
 
@@ -26,21 +26,9 @@ import sys
 import traceback
 from collections.abc import Callable
 
+from rl_core.errors import exit_code, is_input_error
 from rl_core.paths import enforce_at_job
-from rl_core.spec import SpecError, load_spec
-
-EXIT_INPUT = 2
-EXIT_FAILURE = 1
-
-
-def input_errors() -> tuple[type[BaseException], ...]:
-    """Exceptions that mean the input is wrong (exit 2)."""
-    from rl_core.data.datasets import DataError
-    from rl_core.errors import InputError
-    from rl_core.models.loading import ModelLoadError
-    from rl_core.rewards.registry import UnknownRewardError
-
-    return (SpecError, InputError, DataError, ModelLoadError, UnknownRewardError)
+from rl_core.spec import load_spec
 
 
 def _one_line(exc: BaseException) -> str:
@@ -56,12 +44,12 @@ def run_guarded(work: Callable[[], object]) -> int:
         print("error: interrupted", file=sys.stderr)
         return 130
     except BaseException as exc:  # noqa: BLE001 - every failure must end with its reason
-        if isinstance(exc, input_errors()):
+        if is_input_error(exc):
             print(f"error: invalid input: {_one_line(exc)}", file=sys.stderr)
-            return EXIT_INPUT
+            return exit_code(exc)
         traceback.print_exc()
         print(f"error: {type(exc).__name__}: {_one_line(exc)}", file=sys.stderr)
-        return EXIT_FAILURE
+        return exit_code(exc)
     return 0
 
 
@@ -76,14 +64,11 @@ def choose_backend(requested: str, spec) -> str:
 
 def _train(args: argparse.Namespace) -> int:
     def work():
+        from rl_core.recipes import run
+
         spec = load_spec(args.spec, args.overrides)
         enforce_at_job(spec)
-        if spec.algorithm == "dpo":
-            from rl_core.dpo import DPOTrainer as trainer_class
-        else:
-            from rl_core.trainer import RLTrainer as trainer_class
-        trainer = trainer_class(spec, backend=choose_backend(args.backend, spec))
-        _print_summary(trainer.fit())
+        _print_summary(run(spec, backend=choose_backend(args.backend, spec)))
 
     return run_guarded(work)
 
@@ -92,7 +77,7 @@ def _sft(args: argparse.Namespace) -> int:
     def work():
         spec = load_spec(args.spec, args.overrides)
         enforce_at_job(spec)
-        from rl_core.sft import SFTTrainer
+        from rl_core.recipes.sft import SFTTrainer
 
         _print_summary(SFTTrainer(spec).fit())
 
@@ -106,7 +91,7 @@ def _print_summary(summary: dict[str, float]) -> None:
 def _eval(args: argparse.Namespace) -> int:
     def work():
         enforce_at_job(named=[("checkpoint", "model", args.checkpoint), ("data", "data", args.data)])
-        from rl_core.evaluate_cli import evaluate_checkpoint
+        from rl_core.recipes.eval import evaluate_checkpoint
 
         result = evaluate_checkpoint(args.checkpoint, args.data, k=args.k, template=args.template,
                                      max_new_tokens=args.max_new_tokens, reward=args.reward,

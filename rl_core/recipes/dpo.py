@@ -1,4 +1,5 @@
-"""DPO: direct preference optimisation against the frozen reference, on the same roles as RL.
+"""The DPO recipe: direct preference optimisation against the frozen reference, on the same
+roles and controller as RL.
 
     trainer = DPOTrainer(spec)                 # spec.algorithm == "dpo"
     summary = trainer.fit()
@@ -23,36 +24,19 @@ The loss is `rl_core.algos.dpo_loss` on summed response log-probs (`dpo.beta`, `
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from rl_core import algos
+from rl_core.controller import Controller, batch_metrics
+from rl_core.data.batch import Batch
+from rl_core.data.prompts import Pairs, Prompts, response_batch, tokenize_pairs
 from rl_core.data.run_data import load_pair_data
-from rl_core.data.templates import render_prompt
-from rl_core.engines.rollout import RolloutBatch
 from rl_core.errors import InputError
-from rl_core.sft import response_batch
 from rl_core.spec import RunSpec
-from rl_core.trainer import Prompts, RLTrainer, Timer, shard_bounds
+from rl_core.tracking import Timer, Tracker
 
 log = logging.getLogger("rl_core")
-
-
-@dataclass
-class Pairs:
-    """Tokenized preference pairs: prompt, chosen and rejected token ids."""
-
-    prompts: list[list[int]]
-    chosen: list[list[int]]
-    rejected: list[list[int]]
-
-    def take(self, rows: list[int]) -> Pairs:
-        return Pairs(*([items[i] for i in rows] for items in (self.prompts, self.chosen, self.rejected)))
-
-    def __len__(self) -> int:
-        return len(self.prompts)
 
 
 def uses_pair_files(spec: RunSpec) -> bool:
@@ -91,41 +75,49 @@ def dpo_loss_fn(config, pair_weight_key: str = "pair_weight"):
     return loss_fn
 
 
-class DPOTrainer(RLTrainer):
+class DPOTrainer:
     """DPO on pairs from files or from the policy's own scored samples."""
 
-    ALGORITHMS = ("dpo",)
+    def __init__(self, spec: RunSpec, *, device: str | None = None, tracker: Tracker | None = None,
+                 backend: str = "local"):
+        if spec.algorithm != "dpo":
+            raise InputError(f"algorithm: {spec.algorithm} is not trained by the DPO recipe; "
+                             "use dpo (grpo, dapo, ppo: rl_core.recipes.rl)")
+        self.spec = spec
+        self.ctl = Controller(spec, backend=backend, device=device)
+        self.tokenizer = self.ctl.tokenizer
+        self.pairs: Pairs | None = None
+        self.prompts: Prompts | None = None
+        self.val: Prompts | None = None
+        if uses_pair_files(spec):
+            records, _ = load_pair_data(spec)
+            if not records:
+                raise InputError("data.train_files: no preference pairs in the files")
+            self.pairs = tokenize_pairs(records, spec, self.tokenizer)
+        else:
+            self.prompts, self.val = self.ctl.load_prompts()
+        self.ctl.start(len(self.pairs or self.prompts), reference=True, tracker=tracker)
+        self.sampling = self.ctl.sampling
 
-    def _load_data(self) -> tuple[Any, Prompts | None]:
-        if not uses_pair_files(self.spec):
-            return super()._load_data()
-        train, _ = load_pair_data(self.spec)
-        if not train:
-            raise InputError("data.train_files: no preference pairs in the files")
-        return self._tokenize_pairs(train), None
+    roles = property(lambda self: self.ctl.roles)
+    tracker = property(lambda self: self.ctl.tracker)
+    output_dir = property(lambda self: self.ctl.output_dir)
+    model = property(lambda self: self.ctl.model)
 
-    def _tokenize_pairs(self, records) -> Pairs:
-        tok, template = self.tokenizer, self.spec.data.prompt_template
-        end = [tok.eos_token_id] if tok.eos_token_id is not None else []
-        out = Pairs([], [], [])
-        for record in records:
-            if not isinstance(record.chosen, str) or not isinstance(record.rejected, str):
-                raise InputError(f"{record.where}: chosen and rejected must be text")
-            prompt = tok.encode(render_prompt(record.prompt, template, tok), add_special_tokens=False)
-            if len(prompt) > self.spec.data.max_prompt_length:
-                continue
-            out.prompts.append(prompt)
-            out.chosen.append(tok.encode(record.chosen, add_special_tokens=False) + end)
-            out.rejected.append(tok.encode(record.rejected, add_special_tokens=False) + end)
-        if not out.prompts:
-            raise InputError("data.max_prompt_length: every preference pair's prompt is longer")
-        return out
+    @property
+    def step(self) -> int:
+        return self.ctl.step
 
-    def _needs_reference(self) -> bool:
-        return True
+    def fit(self) -> dict[str, float]:
+        """Train until `total_steps`; returns the last logged metrics."""
+        validate = (lambda: self.ctl.validate(self.val)) if self.val is not None else None
+        return self.ctl.fit(self.train_step, validate)
 
-    def _stages(self) -> list[str]:
-        return ["ref_logprob"]
+    def save(self):
+        return self.ctl.save()
+
+    def close(self) -> None:
+        self.ctl.close()
 
     # ----------------------------------------------------------------------- a step
 
@@ -140,10 +132,10 @@ class DPOTrainer(RLTrainer):
                             self.step + 1)
                 return metrics
             batch = self._pair_batch(pairs)
-            columns, stage_metrics = self._run_stages(batch, None, self._stages(), timer)
+            columns, stage_metrics = self.ctl.run_stages(batch, None, ["ref_logprob"], timer)
             metrics.update(stage_metrics)
             with timer("update"):
-                metrics.update(self._update_pairs(batch, columns["ref_logprobs"].float()))
+                metrics.update(self._update(batch, columns["ref_logprobs"].float()))
         metrics["dpo/pairs"] = float(len(pairs))
         metrics.update(timer.metrics())
         tokens = int(batch.response_mask.sum() + batch.prompt_mask.sum())
@@ -151,15 +143,15 @@ class DPOTrainer(RLTrainer):
         return metrics
 
     def _next_pairs(self, timer: Timer) -> tuple[Pairs, dict[str, float]]:
-        rows = next(self.loader)
-        if isinstance(self.train, Pairs):
-            return self.train.take(rows), {}
-        prompts = self.train.take(rows)
-        batch = self.generate(prompts.ids, self.sampling)
-        columns, metrics = self._run_stages(batch, prompts.truths, ["reward"], timer)
-        scores, more = self._shape_scores(batch, columns)
+        rows = next(self.ctl.loader)
+        if self.pairs is not None:
+            return self.pairs.take(rows), {}
+        prompts = self.prompts.take(rows)
+        batch = self.ctl.generate(prompts.ids, self.sampling)
+        columns, metrics = self.ctl.run_stages(batch, prompts.truths, ["reward"], timer)
+        scores, more = self.ctl.scores(batch, columns, self.sampling.max_new_tokens)
         metrics.update(more)
-        metrics.update(self._batch_metrics(batch, scores))
+        metrics.update(batch_metrics(batch, scores))
         chosen_rejected = pick_pairs(scores, batch.prompt_index)
         responses = [batch.response_ids[i, :n].tolist()
                      for i, n in enumerate(batch.response_lengths.tolist())]
@@ -168,36 +160,36 @@ class DPOTrainer(RLTrainer):
                      [responses[c] for c, _ in chosen_rejected],
                      [responses[r] for _, r in chosen_rejected]), metrics
 
-    def _pair_batch(self, pairs: Pairs) -> RolloutBatch:
+    def _pair_batch(self, pairs: Pairs) -> Batch:
         prompts = [p for p in pairs.prompts for _ in range(2)]
         responses = [r for c, r_ in zip(pairs.chosen, pairs.rejected) for r in (c, r_)]
         responses = [r if r else [self.tokenizer.pad_token_id] for r in responses]
         return response_batch(prompts, responses, self.tokenizer.pad_token_id)
 
-    def _update_pairs(self, batch: RolloutBatch, ref_logprobs: torch.Tensor) -> dict[str, float]:
-        input_ids, attention_mask, position_ids = batch.to_sequences()
-        data = {"input_ids": input_ids, "attention_mask": attention_mask,
-                "position_ids": position_ids, "response_mask": batch.response_mask.float(),
-                "ref_logprobs": ref_logprobs}
+    def _update(self, batch: Batch, ref_logprobs: torch.Tensor) -> dict[str, float]:
+        """`ppo_epochs` passes of mini-batches of `ppo_mini_batch_size` pairs, each split over
+        the ranks with pairs kept whole; one optimizer step per mini-batch."""
+        data = batch.with_sequences()
+        data["response_mask"] = batch.response_mask.float()
+        data["ref_logprobs"] = ref_logprobs
         n_pairs = len(batch) // 2
-        order = torch.randperm(n_pairs, generator=self.generator)
+        order = torch.randperm(n_pairs, generator=self.ctl.generator)
         per_mini = self.spec.actor.ppo_mini_batch_size
-        micro = max(2, self.spec.actor.ppo_micro_batch_size // 2 * 2)
+        options = {"micro_batch_size": max(2, self.spec.actor.ppo_micro_batch_size // 2 * 2),
+                   "loss_agg_mode": "sum"}
         loss_fn = dpo_loss_fn(self.spec.dpo)
         sums: dict[str, float] = {}
         count = 0
         for _ in range(self.spec.actor.ppo_epochs):
             for start in range(0, n_pairs, per_mini):
                 pair_rows = order[start:start + per_mini]
-                rows = torch.stack([pair_rows * 2, pair_rows * 2 + 1], 1).reshape(-1)
-                mini = {k: v[rows] for k, v in data.items()}
-                mini["pair_weight"] = torch.full((len(rows),), 1.0 / len(pair_rows))
-                shards = [{k: v[2 * a:2 * b] for k, v in mini.items()}
-                          for a, b in shard_bounds(len(pair_rows), self.dp)]
-                options = {"micro_batch_size": micro, "loss_agg_mode": "sum"}
+                mini = data.take(torch.stack([pair_rows * 2, pair_rows * 2 + 1], 1).reshape(-1))
+                mini["pair_weight"] = torch.full((len(mini),), 1.0 / len(pair_rows))
                 results = self.roles.actor.map("train_step", [
-                    (shard, loss_fn, options, self.step + 1) for shard in shards])
+                    (shard.to_dict(), loss_fn, options, self.step + 1)
+                    for shard in mini.split(self.ctl.dp, group=2)])
                 for key, value in results[0].items():
                     sums[key] = sums.get(key, 0.0) + value
                 count += 1
         return {k: v / count for k, v in sums.items()}
+

@@ -1,8 +1,12 @@
-"""Supervised fine-tuning on the spec's prompts and answers: the warm start before RL.
+"""The SFT recipe: supervised fine-tuning on the spec's prompts and answers, the warm start
+before RL.
+
+    summary = SFTTrainer(spec).fit()
 
 Each example is the rendered prompt followed by the answer and the end-of-turn token; the loss
 is the token-mean negative log-likelihood of the answer tokens only. Checkpoints have the same
-layout as RL checkpoints, so `model.path` of an RL spec can point at one.
+layout as RL checkpoints, so `model.path` of an RL spec can point at one. It runs in this
+process on one device (no roles).
 """
 
 from __future__ import annotations
@@ -12,40 +16,23 @@ from pathlib import Path
 
 import torch
 
+from rl_core import device as devices
 from rl_core.checkpoint import save_checkpoint
 from rl_core.data.loader import ResumableLoader
+from rl_core.data.prompts import response_batch, tokenize_prompts
 from rl_core.data.run_data import load_prompt_data
-from rl_core.engines.rollout import (
-    NativeRolloutEngine,
-    RolloutBatch,
-    SamplingParams,
-    left_pad,
-)
-from rl_core.engines.train import NonFiniteError, TrainEngine, sft_loss_fn
-from rl_core.errors import InputError, TrainingStopped
+from rl_core.engines import rollout_engine, training_engine
+from rl_core.engines.rollout import SamplingParams
+from rl_core.engines.train import sft_loss_fn
+from rl_core.errors import InputError, NonFiniteError, TrainingStopped
+from rl_core.evaluation import evaluate_prompts
 from rl_core.models.loading import load_from_spec
 from rl_core.rewards import RewardComposer
-from rl_core.roles.workers import eos_ids, seed_everything
+from rl_core.roles.workers import seed_everything
 from rl_core.spec import RunSpec
-from rl_core.tracking import make_tracker
-from rl_core.trainer import Prompts, tokenize_prompts
+from rl_core.tracking import make_tracker, memory_metrics
 
 log = logging.getLogger("rl_core")
-
-
-def response_batch(prompts: list[list[int]], responses: list[list[int]], pad: int) -> RolloutBatch:
-    """Prompts (left-padded) followed by known responses (right-padded), as a rollout would be."""
-    prompt_ids, prompt_mask = left_pad(prompts, pad, torch.device("cpu"))
-    width = max(len(r) for r in responses)
-    response_ids = torch.full((len(responses), width), pad, dtype=torch.long)
-    response_mask = torch.zeros((len(responses), width), dtype=torch.long)
-    for row, tokens in enumerate(responses):
-        response_ids[row, : len(tokens)] = torch.tensor(tokens)
-        response_mask[row, : len(tokens)] = 1
-    lengths = response_mask.sum(1)
-    return RolloutBatch(prompt_ids, prompt_mask, response_ids, response_mask,
-                        torch.zeros(response_ids.shape), torch.arange(len(prompts)), lengths,
-                        torch.ones(len(prompts), dtype=torch.bool))
 
 
 class SFTTrainer:
@@ -57,7 +44,6 @@ class SFTTrainer:
         train_records, val_records = load_prompt_data(spec, cache_dir=self.output_dir / "data")
         self.train = tokenize_prompts(train_records, spec, self.tokenizer, "training")
         self.val = tokenize_prompts(val_records, spec, self.tokenizer, "validation") if val_records else None
-        self.eos = eos_ids(self.tokenizer, self.model)
         end = self.tokenizer.eos_token_id
         if any(t is None for t in self.train.truths):
             raise InputError(f"data.answer_key: SFT needs an answer for every prompt "
@@ -68,9 +54,10 @@ class SFTTrainer:
                                       epochs=None if spec.trainer.total_steps else spec.trainer.total_epochs,
                                       shuffle=spec.data.shuffle, seed=spec.seed)
         self.total_steps = spec.trainer.total_steps or self.loader.total_steps
-        self.engine = TrainEngine.from_spec(self.model, spec.actor, self.total_steps, spec.model.dtype, device)
-        self.rollout = NativeRolloutEngine(self.model, eos_token_ids=self.eos,
-                                           pad_token_id=self.tokenizer.pad_token_id, device=device)
+        self.engine = training_engine(spec.actor.strategy).from_spec(
+            self.model, spec.actor, self.total_steps, spec.model.dtype, device)
+        self.rollout = rollout_engine(spec.rollout.engine).from_spec(
+            self.model, self.tokenizer, spec.rollout, device)
         self.sampling = SamplingParams.from_config(spec.rollout)
         self.rewards = RewardComposer.from_config(spec.reward)
         self.tracker = make_tracker(spec, self.output_dir)
@@ -79,17 +66,19 @@ class SFTTrainer:
     def batch(self, rows: list[int]) -> dict[str, torch.Tensor]:
         batch = response_batch([self.train.ids[i] for i in rows], [self.targets[i] for i in rows],
                                self.tokenizer.pad_token_id)
-        input_ids, attention_mask, position_ids = batch.to_sequences()
-        return {"input_ids": input_ids, "attention_mask": attention_mask,
-                "position_ids": position_ids, "response_mask": batch.response_mask.float()}
+        data = batch.with_sequences()
+        data["response_mask"] = batch.response_mask.float()
+        return data.to_dict()
 
     def save(self) -> Path:
         return save_checkpoint(self.output_dir, self.step, model=self.model, tokenizer=self.tokenizer,
                                state={"engine": self.engine.state_dict()}, spec_yaml=self.spec.to_yaml())
 
-    def fit(self) -> dict[str, float]:
-        from rl_core.evaluation import evaluate_prompts
+    def validate(self) -> dict[str, float]:
+        return evaluate_prompts(self.rollout, self.tokenizer, self.rewards, self.val, self.sampling,
+                                batch_size=self.spec.data.val_batch_size, seed=self.spec.seed)
 
+    def fit(self) -> dict[str, float]:
         self.tracker.log_params(self.spec.flat_params())
         metrics: dict[str, float] = {}
         status = "FAILED"
@@ -101,10 +90,12 @@ class SFTTrainer:
                                                      micro_batch_size=self.spec.actor.ppo_micro_batch_size)
                 except NonFiniteError as exc:
                     raise TrainingStopped(self.step + 1, str(exc), exc.metrics) from exc
+                if self.spec.tools.monitor.log_memory:
+                    metrics.update(memory_metrics([devices.memory_stats(self.device)]))
                 self.step += 1
                 every = self.spec.trainer.eval_every
                 if self.val is not None and every and (self.step % every == 0 or self.step == self.total_steps):
-                    metrics.update(evaluate_prompts(self, self.val))
+                    metrics.update(self.validate())
                 if self.step % self.spec.trainer.log_every == 0 or self.step == self.total_steps:
                     self.tracker.log_metrics(metrics, self.step)
                 save_every = self.spec.trainer.save_every
@@ -117,6 +108,3 @@ class SFTTrainer:
         finally:
             self.rewards.close()
             self.tracker.finish(status)
-
-
-__all__ = ["SFTTrainer", "Prompts", "response_batch"]

@@ -1,0 +1,377 @@
+"""The single controller's plumbing: what the RL and DPO recipes share around their own steps.
+
+    ctl = Controller(spec, backend="ray")            # checks, seeds, resume point, tokenizer
+    train, val = ctl.load_prompts()                  # (or the recipe's own items)
+    restored = ctl.start(len(train), reference=True)  # loader, roles, tracker; resumed state
+    batch = ctl.generate(prompt_ids, ctl.sampling)   # over the actor's ranks, one Batch
+    batch, metrics = ctl.run_stages(batch, truths, ["reward", "ref_logprob"], timer)
+    summary = ctl.fit(train_step, validate, extra_state)
+
+The controller holds the data loader, the random generator, the roles (`rl_core.roles`) and the
+tracker; the roles hold the models. A recipe composes one and writes its own step; the
+controller never knows which algorithm runs. Both backends run this same code: `backend="local"`
+calls the workers directly, `"ray"` as actors (`rl_core.roles.cluster`).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from rl_core.checkpoint import (
+    clean_partial,
+    latest_checkpoint,
+    load_state,
+    save_checkpoint,
+)
+from rl_core.data import channel as channels
+from rl_core.data.batch import SEQUENCE_COLUMNS, Batch, shard_bounds
+from rl_core.data.loader import ResumableLoader
+from rl_core.data.prompts import Prompts, tokenize_prompts
+from rl_core.data.run_data import load_prompt_data
+from rl_core.engines.rollout import SamplingParams
+from rl_core.errors import InputError, TrainingStopped
+from rl_core.models.loading import (
+    check_model_folder,
+    load_tokenizer,
+    resolve_model_path,
+)
+from rl_core.roles.group import collect
+from rl_core.roles.workers import seed_everything
+from rl_core.spec import RunSpec
+from rl_core.tracking import Timer, Tracker, make_tracker, memory_metrics
+
+log = logging.getLogger("rl_core")
+
+# how long a stage may wait for its inputs in the channel (a stuck upstream stage is a failure)
+STAGE_TIMEOUT_S = 3600.0
+
+
+def preflight(spec: RunSpec, *, local: bool) -> None:
+    """Refuse, before anything loads, a dtype the device kind cannot train in and (in this
+    process) devices this host does not have; each message names the field to change."""
+    from rl_core import device as devices
+
+    kind = devices.get_kind(spec.resources.device_type)
+    if local:
+        devices.check_available(kind, spec.resources.devices_per_node)
+    if not local and kind.torch_type != "cpu":
+        return  # a Ray cluster's devices are not this host's: its ranks check their own
+    ok, reason = devices.supports_dtype(kind, spec.model.dtype)
+    if not ok:
+        raise InputError(f"model.dtype: {spec.model.dtype} cannot train on "
+                         f"{spec.resources.device_type} here: {reason}")
+
+
+class Controller:
+    """Data, roles, checkpoints and the step loop of one run (see the module docstring)."""
+
+    def __init__(self, spec: RunSpec, *, backend: str = "local", device: str | None = None):
+        if backend not in ("local", "ray"):
+            raise ValueError(f"backend must be local or ray, got {backend!r}")
+        if backend == "local" and spec.world_size > 1:
+            raise InputError(f"resources: {spec.world_size} devices need the Ray backend "
+                             "(python -m rl_core train starts it); or set "
+                             "resources.devices_per_node=1")
+        self.spec, self.backend, self.device = spec, backend, device
+        preflight(spec, local=backend == "local" and device is None)
+        self.output_dir = Path(spec.trainer.output_dir)
+        seed_everything(spec.seed, spec.trainer.deterministic)
+        self.resume_from = self._resume_checkpoint()
+        self.model_path = str(self.resume_from) if self.resume_from else spec.model.path
+        check_model_folder(resolve_model_path(self.model_path),
+                           trust_remote_code=spec.model.trust_remote_code)
+        self.tokenizer = load_tokenizer(spec.model.tokenizer_path or self.model_path,
+                                        trust_remote_code=spec.model.trust_remote_code)
+        self.step = 0
+
+    def load_prompts(self) -> tuple[Prompts, Prompts | None]:
+        """The training prompts and the validation prompts (None without validation data)."""
+        spec = self.spec
+        train_records, val_records = load_prompt_data(spec, cache_dir=self.output_dir / "data")
+        train = tokenize_prompts(train_records, spec, self.tokenizer, "training")
+        val = tokenize_prompts(val_records, spec, self.tokenizer, "validation") if val_records else None
+        return train, val
+
+    def start(self, items: int, *, reference: bool, tracker: Tracker | None = None
+              ) -> dict[str, Any] | None:
+        """The loader over `items` training items, the roles and the tracker; returns the state
+        of the checkpoint resumed from (its recipe-specific keys), None on a fresh start."""
+        spec = self.spec
+        self.loader = ResumableLoader(
+            list(range(items)), spec.data.train_batch_size,
+            epochs=None if spec.trainer.total_steps else spec.trainer.total_epochs,
+            shuffle=spec.data.shuffle, seed=spec.seed)
+        self.total_steps = spec.trainer.total_steps or self.loader.total_steps
+        self.sampling = SamplingParams.from_config(spec.rollout)
+        self.generator = torch.Generator().manual_seed(spec.seed)
+        self.roles = self._start_roles(reference)
+        try:
+            state = self._restore(self.resume_from) if self.resume_from else None
+            self.tracker = tracker or make_tracker(spec, self.output_dir)
+        except BaseException:
+            self.roles.shutdown()
+            raise
+        self.rollout = ShardedRollout(self)
+        self.rewards = RewardsView(self.roles.reward)
+        return state
+
+    def _start_roles(self, reference: bool):
+        from rl_core.roles import cluster
+
+        critic = self.resume_from / "critic" if self.resume_from else None
+        options = {"model_path": self.model_path, "total_steps": self.total_steps,
+                   "reference": reference,
+                   "critic_path": str(critic) if critic and critic.is_dir() else None}
+        if self.backend == "ray":
+            return cluster.ray_roles(self.spec, **options)
+        return cluster.local_roles(self.spec, **options, device=self.device,
+                                   reference_from_policy=self.resume_from is None)
+
+    @property
+    def model(self):
+        """The policy model (the local backend only: on Ray it lives in the actor processes)."""
+        if not self.roles.local:
+            raise AttributeError("the policy lives in the Ray actor processes")
+        return self.roles.actor.workers[0].model
+
+    @property
+    def dp(self) -> int:
+        return self.roles.actor.size
+
+    # ----------------------------------------------------------------------- checkpoints
+
+    def _resume_checkpoint(self) -> Path | None:
+        mode = self.spec.trainer.resume_mode
+        if mode == "disable":
+            return None
+        if mode == "resume_path":
+            path = Path(self.spec.trainer.resume_path)
+            if not path.is_dir():
+                raise InputError(f"trainer.resume_path: {path} is not a checkpoint folder")
+            return path
+        clean_partial(self.output_dir)
+        return latest_checkpoint(self.output_dir)
+
+    def _restore(self, checkpoint: Path) -> dict[str, Any]:
+        state = load_state(checkpoint)
+        self.roles.actor.call("load_state", {"engine": state["engine"], "rng": state["rng"]})
+        if self.roles.critic is not None and "critic" in state:
+            self.roles.critic.call("load_state", state["critic"])
+        self.loader.load_state_dict(state["loader"])
+        random.setstate(state["controller_rng"])
+        self.generator.set_state(state["generator"])
+        self.step = state["step"]
+        log.info("resumed from %s at step %d", checkpoint, self.step)
+        return state
+
+    def save(self, extra: dict[str, Any] | None = None) -> Path:
+        """A checkpoint of the models and of everything an exact resume needs (`extra`: the
+        recipe's own state, handed back by `start`)."""
+        state = {**self.roles.actor.call("state")[0], "loader": self.loader.state_dict(),
+                 "controller_rng": random.getstate(), "generator": self.generator.get_state(),
+                 **(extra or {})}
+        if self.roles.critic is not None:
+            state["critic"] = self.roles.critic.call("state")[0]
+
+        def write(folder: Path) -> None:
+            self.roles.actor.call("save_model", str(folder))
+            if self.roles.critic is not None:
+                self.roles.critic.call("save_model", str(folder / "critic"))
+
+        path = save_checkpoint(self.output_dir, self.step, state=state, write=write,
+                               spec_yaml=self.spec.to_yaml())
+        log.info("saved %s", path)
+        return path
+
+    # ----------------------------------------------------------------------- the loop
+
+    def fit(self, train_step: Callable[[], dict[str, float]],
+            validate: Callable[[], dict[str, float]] | None = None,
+            extra_state: Callable[[], dict[str, Any]] = dict) -> dict[str, float]:
+        """Run `train_step` until `total_steps`, validating, logging and saving as the spec
+        says; returns the last logged metrics. The roles are shut down at the end, whatever
+        happens."""
+        spec = self.spec
+        last: dict[str, float] = {}
+        status = "FAILED"
+        # A progress bar only when a person watches; logs and the platform get metric lines.
+        progress = tqdm(total=self.total_steps, initial=self.step, desc=spec.algorithm,
+                        unit="step", disable=not sys.stderr.isatty(), leave=True)
+        try:
+            self.tracker.log_params(spec.flat_params())
+            if self.step == 0 and validate is not None and spec.trainer.eval_every:
+                last = validate()
+                self.tracker.log_metrics(last, step=0)
+            while self.step < self.total_steps:
+                metrics = train_step()
+                if spec.tools.monitor.log_memory:
+                    metrics.update(self.memory_metrics())
+                self.step += 1
+                progress.update(1)
+                progress.set_postfix({"reward": f"{metrics.get('reward/mean', 0):.3f}"})
+                if self._due(spec.trainer.eval_every) and validate is not None:
+                    metrics.update(validate())
+                if self._due(spec.trainer.log_every):
+                    self.tracker.log_metrics(metrics, step=self.step)
+                last = metrics
+                if self._due(spec.trainer.save_every) and self.step < self.total_steps:
+                    self.save(extra_state())
+            path = self.save(extra_state())  # the final checkpoint, also an artifact
+            self.tracker.log_artifacts(path, f"checkpoints/{path.name}")
+            status = "FINISHED"
+            return last
+        finally:
+            progress.close()
+            self.close()
+            self.tracker.finish(status)
+
+    def memory_metrics(self) -> dict[str, float]:
+        """`memory/actor/allocated_gb` and `memory/actor/peak_gb`: the largest over the ranks."""
+        return memory_metrics(self.roles.actor.call("memory"))
+
+    def close(self) -> None:
+        """Stop the roles (their processes, on Ray); nothing can step after this."""
+        self.roles.shutdown()
+
+    def _due(self, every: int) -> bool:
+        return every > 0 and (self.step % every == 0 or self.step == self.total_steps)
+
+    # ----------------------------------------------------------------------- rollout, stages
+
+    def draw_seed(self) -> int:
+        return int(torch.randint(0, 2**62, (1,), generator=self.generator))
+
+    def generate(self, prompt_ids: list[list[int]], params: SamplingParams,
+                 seed: int | None = None) -> Batch:
+        """Sample the prompts on the actor's ranks (each its contiguous share) as one batch;
+        `prompt_index` counts the prompts of the whole call."""
+        if seed is None:
+            seed = self.draw_seed() if params.do_sample else 0
+        total = len(prompt_ids) * params.n
+        bounds = shard_bounds(len(prompt_ids), self.dp)
+        parts = self.roles.actor.map("generate", [
+            (prompt_ids[a:b], params, seed, (a * params.n, b * params.n), total) for a, b in bounds])
+        shards = [(p, a) for p, (a, _) in zip(parts, bounds) if p is not None]
+        if len(shards) == 1:
+            return shards[0][0]
+        for part, first in shards:
+            part["prompt_index"] = part["prompt_index"] + first
+        return Batch.concat([p for p, _ in shards])
+
+    def run_stages(self, batch: Batch, truths: list[Any] | None, stages: list[str],
+                   timer: Timer) -> tuple[Batch, dict[str, float]]:
+        """Put the batch into the data channel and let every stage's role pull it at once;
+        returns the stages' output columns (one Batch) and the channel's wait metrics."""
+        input_ids, attention_mask, position_ids = batch.to_sequences()
+        columns: dict[str, Any] = {
+            "input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids,
+            "response_mask": batch.response_mask, "response_ids": batch.response_ids,
+            "response_lengths": batch.response_lengths}
+        if "score" in batch:
+            columns["score"] = batch["score"]
+        if truths is not None:
+            columns["truth"] = [truths[i] for i in batch.prompt_index.tolist()]
+        channel = self.roles.channel
+        channels.call(channel, "new_batch", len(batch), columns)
+        rows = len(batch)
+        plan = {
+            "reward": (self.roles.reward, ["response_ids", "response_lengths", "truth"],
+                       ["score", *(f"reward_fn/{n}" for n in self.rewards.names)]),
+            "ref_logprob": (self.roles.reference, list(SEQUENCE_COLUMNS), ["ref_logprobs"]),
+            "old_logprob": (self.roles.actor, list(SEQUENCE_COLUMNS), ["old_logprobs"]),
+            "values": (self.roles.critic, list(SEQUENCE_COLUMNS), ["values"]),
+        }
+        started = time.perf_counter()  # (a local group works while it is submitted)
+        pending = []
+        for stage in stages:
+            group, needs, _ = plan[stage]
+            chunk = max(1, -(-rows // group.size))
+            pending.append((stage, group.submit("drain", channel, stage, needs, chunk,
+                                                STAGE_TIMEOUT_S)))
+        results = collect(*(p for _, p in pending))
+        metrics: dict[str, float] = {}
+        for (stage, _), per_rank in zip(pending, results):
+            metrics[f"channel/wait_s/{stage}"] = sum(r["wait_s"] for r in per_rank)
+            timer.seconds[stage] += max(r.get("seconds", 0.0) for r in per_rank)
+        timer.seconds["stages"] += time.perf_counter() - started
+        out = Batch({name: channels.call(channel, "column", name)
+                     for stage in stages for name in plan[stage][2]})
+        return out, metrics
+
+    def scores(self, batch: Batch, columns: Batch, max_new_tokens: int
+               ) -> tuple[torch.Tensor, dict[str, float]]:
+        """Scores with overlong shaping; reward metrics; a non-finite score stops the run."""
+        from rl_core import algos
+
+        scores = columns["score"].float()
+        metrics = {f"reward/{name}/mean": float(columns[f"reward_fn/{name}"].mean())
+                   for name in self.rewards.names}
+        counters = self.roles.reward.call("counters")
+        metrics["reward/timeouts"] = float(sum(c["timeouts"] for c in counters))
+        metrics["reward/errors"] = float(sum(c["errors"] for c in counters))
+        if not torch.isfinite(scores).all():
+            raise TrainingStopped(self.step + 1, "a reward is not finite", metrics)
+        buffer = self.spec.advantage.overlong_buffer
+        if buffer.enable:
+            penalty = algos.overlong_penalty(batch.response_lengths, max_new_tokens,
+                                             buffer.len, buffer.penalty_factor)
+            scores = scores + penalty
+            metrics["reward/overlong_penalty"] = float(penalty.mean())
+        return scores, metrics
+
+    def validate(self, prompts: Prompts, prefix: str = "val") -> dict[str, float]:
+        """Greedy accuracy and mean reward on `prompts` with the actor's ranks."""
+        from rl_core.evaluation import evaluate_prompts
+
+        return evaluate_prompts(self.rollout, self.tokenizer, self.rewards, prompts, self.sampling,
+                                batch_size=self.spec.data.val_batch_size, seed=self.spec.seed,
+                                prefix=prefix)
+
+
+def batch_metrics(batch: Batch, scores: torch.Tensor) -> dict[str, float]:
+    """Reward and response-length statistics of a scored rollout batch."""
+    lengths = batch.response_lengths.float()
+    return {
+        "reward/mean": float(scores.mean()),
+        "reward/std": float(scores.std()) if len(scores) > 1 else 0.0,
+        "response_length/mean": float(lengths.mean()),
+        "response_length/max": float(lengths.max()),
+        "response_length/clip_ratio": float((~batch.finished).float().mean()),
+    }
+
+
+class ShardedRollout:
+    """The actor's ranks as one rollout engine: `generate(ids, params, generator)`."""
+
+    def __init__(self, controller: Controller) -> None:
+        self.controller = controller
+
+    def generate(self, prompt_ids, params: SamplingParams, generator: torch.Generator | None = None):
+        seed = int(torch.randint(0, 2**62, (1,), generator=generator)) if params.do_sample else 0
+        return self.controller.generate(list(prompt_ids), params, seed=seed)
+
+
+class RewardsView:
+    """`score_batch(texts, truths)` and `names` on the first reward worker."""
+
+    def __init__(self, group) -> None:
+        self.group = group
+        self._names: list[str] | None = None
+
+    @property
+    def names(self) -> list[str]:
+        if self._names is None:
+            self._names = list(self.group.call("score_names")[0])
+        return self._names
+
+    def score_batch(self, texts, truths):
+        return self.group.call("score_texts", list(texts), list(truths))[0]

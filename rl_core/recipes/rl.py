@@ -1,0 +1,263 @@
+"""The RL recipe: GRPO, DAPO, PPO (and Dr.GRPO, RLOO, REINFORCE++, GSPO).
+
+    trainer = RLTrainer(spec)                  # roles in this process
+    trainer = RLTrainer(spec, backend="ray")   # roles as Ray actors on the spec's devices
+    summary = trainer.fit()                    # rollout -> stages -> advantages -> updates
+
+One step: the actor's ranks sample `n_samples_per_prompt` responses for their share of
+`data.train_batch_size` prompts (the draws of each row come from one table seeded per step, so
+the shards equal one whole batch); the batch goes into the data channel, and the stages that
+work row by row pull it from there at once: `reward` (reward workers), `ref_logprob`
+(reference, when a KL term is on), `old_logprob` (the actor, skipped when the update is
+strictly on-policy) and `values` (the critic, PPO). The recipe computes advantages, then the
+actor (and the critic) update on `ppo_epochs` passes of mini-batches, each split over the
+data-parallel ranks. DAPO adds overlong reward shaping and dynamic sampling (rewards first, then
+the other stages on the kept groups).
+
+With the same seed the two backends give the same metrics, up to floating-point rounding, for
+any number of data-parallel ranks. The data, roles, checkpoints and loop are the controller's
+(`rl_core.controller`); this file is the algorithm.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from typing import Any
+
+import torch
+
+from rl_core import algos
+from rl_core.controller import Controller, batch_metrics
+from rl_core.data.batch import Batch
+from rl_core.errors import InputError, TrainingStopped
+from rl_core.roles.group import collect
+from rl_core.spec import RunSpec
+from rl_core.tracking import Timer, Tracker
+
+log = logging.getLogger("rl_core")
+
+ALGORITHMS = ("grpo", "dapo", "ppo")
+ACTOR_KEYS = ("input_ids", "attention_mask", "position_ids", "response_mask",
+              "old_logprobs", "ref_logprobs", "advantages")
+CRITIC_KEYS = ("input_ids", "attention_mask", "position_ids", "response_mask", "values", "returns")
+
+
+def token_level_rewards(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """The outcome reward on each response's last token. scores (B,), mask (B, R) -> (B, R)."""
+    rewards = torch.zeros(response_mask.shape, dtype=torch.float32)
+    last = (response_mask.sum(1) - 1).clamp(min=0).long()
+    rewards[torch.arange(len(scores)), last] = scores.float()
+    return rewards * response_mask
+
+
+def advantage_options(spec: RunSpec) -> dict[str, Any]:
+    """The estimator's own settings from the spec's `advantage` section."""
+    adv = spec.advantage
+    name = adv.adv_estimator
+    if name == "grpo":
+        return {"norm_adv_by_std": adv.norm_adv_by_std_in_grpo}
+    if name in ("reinforce_plus_plus", "reinforce_plus_plus_baseline"):
+        return {"gamma": adv.gamma}
+    if name == "gae":
+        return {"gamma": adv.gamma, "lam": adv.lam}
+    return {}
+
+
+class RLTrainer:
+    """GRPO / DAPO / PPO (and the estimator variants) with roles local or on Ray."""
+
+    def __init__(self, spec: RunSpec, *, device: str | None = None, tracker: Tracker | None = None,
+                 backend: str = "local"):
+        if spec.algorithm not in ALGORITHMS:
+            raise InputError(f"algorithm: {spec.algorithm} is not trained by the RL recipe; "
+                             "use grpo, dapo or ppo (dpo: rl_core.recipes.dpo)")
+        self.spec = spec
+        self.ctl = Controller(spec, backend=backend, device=device)
+        self.tokenizer = self.ctl.tokenizer
+        self.train, self.val = self.ctl.load_prompts()
+        adv = spec.advantage
+        self.kl_ctrl = algos.make_kl_controller(adv.kl_ctrl, adv.kl_coef, adv.kl_target, adv.kl_horizon)
+        reference = spec.reference.enable and (spec.actor.use_kl_loss or adv.use_kl_in_reward)
+        restored = self.ctl.start(len(self.train), reference=reference, tracker=tracker)
+        if restored is not None:
+            self.kl_ctrl.value = restored["kl_coef"]
+        self.sampling = self.ctl.sampling
+
+    # the run's state, for callers and tests
+    roles = property(lambda self: self.ctl.roles)
+    tracker = property(lambda self: self.ctl.tracker)
+    output_dir = property(lambda self: self.ctl.output_dir)
+    model = property(lambda self: self.ctl.model)
+    total_steps = property(lambda self: self.ctl.total_steps)
+
+    @property
+    def step(self) -> int:
+        return self.ctl.step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self.ctl.step = value
+
+    def fit(self) -> dict[str, float]:
+        """Train until `total_steps`; returns the last logged metrics."""
+        validate = (lambda: self.ctl.validate(self.val)) if self.val is not None else None
+        return self.ctl.fit(self.train_step, validate, self._state)
+
+    def save(self):
+        return self.ctl.save(self._state())
+
+    def close(self) -> None:
+        self.ctl.close()
+
+    def _state(self) -> dict[str, Any]:
+        return {"kl_coef": self.kl_ctrl.value}
+
+    # ----------------------------------------------------------------------- a step
+
+    def train_step(self) -> dict[str, float]:
+        timer = Timer()
+        with timer("step"):
+            with timer("rollout"):
+                batch, metrics, columns = self.generate_batch(timer)
+            data = self.prepare_update(batch, columns, timer, metrics)
+            with timer("update"):
+                metrics.update(self.update(data))
+        metrics.update(timer.metrics())
+        tokens = int(batch.response_mask.sum() + batch.prompt_mask.sum())
+        metrics["perf/tokens_per_s"] = tokens / max(timer.seconds["step"], 1e-9)
+        metrics["perf/total_tokens"] = float(tokens)
+        return metrics
+
+    def generate_batch(self, timer: Timer) -> tuple[Batch, dict[str, float], Batch]:
+        """One batch of scored responses (and its stage outputs); with DAPO dynamic sampling,
+        only informative groups."""
+        dynamic = self.spec.advantage.dynamic_sampling
+        if dynamic.enable:
+            return self._dynamic_batch(dynamic.max_num_gen_batches, timer)
+        prompts = self.train.take(next(self.ctl.loader))
+        batch = self.ctl.generate(prompts.ids, self.sampling)
+        columns, metrics = self.ctl.run_stages(batch, prompts.truths, self._stages(), timer)
+        scores, more = self.ctl.scores(batch, columns, self.sampling.max_new_tokens)
+        metrics.update(more)
+        metrics.update(batch_metrics(batch, scores))
+        columns["score"] = scores
+        return batch, metrics, columns
+
+    def _dynamic_batch(self, max_batches: int, timer: Timer):
+        wanted, n = self.spec.data.train_batch_size, self.sampling.n
+        kept: list[Batch] = []
+        all_scores, metrics, groups, rounds = [], {}, 0, 0
+        while groups < wanted and (max_batches == 0 or rounds < max_batches):
+            rounds += 1
+            prompts = self.train.take(next(self.ctl.loader))
+            batch = self.ctl.generate(prompts.ids, self.sampling)
+            columns, metrics = self.ctl.run_stages(batch, prompts.truths, ["reward"], timer)
+            scores, more = self.ctl.scores(batch, columns, self.sampling.max_new_tokens)
+            metrics.update(more)
+            all_scores.append(scores)
+            keep, count = algos.filter_groups(scores, batch.prompt_index)
+            if count:
+                batch["score"] = scores
+                kept.append(batch.take(keep))
+                groups += count
+        metrics.update({"dapo/num_gen_batches": float(rounds), "dapo/kept_groups": float(min(groups, wanted))})
+        metrics["reward/mean_all"] = float(torch.cat(all_scores).mean())
+        if not kept:
+            raise TrainingStopped(
+                self.step + 1,
+                f"dynamic sampling found no group with differing rewards in {rounds} generation "
+                "batches (advantage.dynamic_sampling.max_num_gen_batches): the task is too easy "
+                "or too hard for the model; raise the cap, change the data, or disable dynamic "
+                "sampling", metrics)
+        if groups < wanted:
+            log.warning("step %d: dynamic sampling kept %d of %d groups after %d generation batches",
+                        self.step + 1, groups, wanted, rounds)
+        offset = 0
+        for part in kept:  # prompt indices must stay distinct across generation rounds
+            index = part.prompt_index
+            part["prompt_index"] = index + offset
+            offset += int(index.max()) + 1
+        batch = Batch.concat(kept).slice(0, wanted * n)
+        scores = batch["score"]
+        rest = [s for s in self._stages() if s != "reward"]
+        columns, stage_metrics = self.ctl.run_stages(batch, None, rest, timer)
+        metrics.update(stage_metrics)
+        columns["score"] = scores
+        metrics.update(batch_metrics(batch, scores))
+        return batch, metrics, columns
+
+    def _stages(self) -> list[str]:
+        stages = ["reward"]
+        if self.roles.reference is not None:
+            stages.append("ref_logprob")
+        if not self._on_policy():
+            stages.append("old_logprob")
+        if self.roles.critic is not None:
+            stages.append("values")
+        return stages
+
+    # ----------------------------------------------------------------------- update
+
+    def _on_policy(self) -> bool:
+        """One pass over one mini-batch: the old policy is the current one, ratio == 1."""
+        rows = self.spec.data.train_batch_size * self.sampling.n
+        return self.spec.actor.ppo_epochs == 1 and self._mini_rows() >= rows
+
+    def _mini_rows(self) -> int:
+        return self.spec.actor.ppo_mini_batch_size * self.sampling.n
+
+    def prepare_update(self, batch: Batch, columns: Batch, timer: Timer,
+                       metrics: dict[str, float]) -> Batch:
+        """The update's columns: sequences, stage outputs, advantages (and returns)."""
+        data = batch.with_sequences()
+        mask = batch.response_mask.float()
+        data["response_mask"] = mask
+        for name in ("old_logprobs", "ref_logprobs", "values"):
+            if name in columns:
+                data[name] = columns[name].float()
+        rewards = token_level_rewards(columns["score"], mask)
+        adv = self.spec.advantage
+        if adv.use_kl_in_reward:
+            old = data.get("old_logprobs", batch.logprobs)
+            rewards, current_kl = algos.apply_kl_penalty(rewards, old, data["ref_logprobs"], mask,
+                                                         self.kl_ctrl.value, adv.kl_penalty)
+            self.kl_ctrl.update(float(current_kl), n_steps=len(batch))
+            metrics.update({"actor/reward_kl": float(current_kl), "actor/kl_coef": self.kl_ctrl.value})
+        with timer("adv"):
+            advantages, returns = algos.compute_advantage(
+                adv.adv_estimator, rewards, mask, index=batch.prompt_index,
+                values=data.get("values"), **advantage_options(self.spec))
+        data["advantages"] = advantages
+        if "values" in data:
+            data["returns"] = returns
+            metrics["critic/values/mean"] = float(algos.masked_mean(data["values"], mask))
+            metrics["critic/returns/mean"] = float(algos.masked_mean(returns, mask))
+        metrics["critic/advantages/mean"] = float(algos.masked_mean(advantages, mask))
+        return data
+
+    def update(self, data: Batch) -> dict[str, float]:
+        """`ppo_epochs` passes of mini-batches; each mini-batch split over the ranks. The
+        critic (PPO) updates at the same time as the actor, on the same mini-batches."""
+        dp = self.ctl.dp
+        per_rank: list[list[Batch]] = [[] for _ in range(dp)]
+        for _ in range(self.spec.actor.ppo_epochs):
+            order = torch.randperm(len(data), generator=self.ctl.generator)
+            for start in range(0, len(data), self._mini_rows()):
+                mini = data.take(order[start:start + self._mini_rows()])
+                for rank, shard in enumerate(mini.split(dp)):
+                    per_rank[rank].append(shard)
+        step = self.step + 1
+        calls = [self.roles.actor.submit_map("update", [
+            ([m.select(ACTOR_KEYS).to_dict() for m in minis], step) for minis in per_rank])]
+        if self.roles.critic is not None:
+            calls.append(self.roles.critic.submit_map("update", [
+                ([m.select(CRITIC_KEYS).to_dict() for m in minis], step) for minis in per_rank]))
+        sums: dict[str, float] = defaultdict(float)
+        counts: dict[str, int] = defaultdict(int)
+        for per_group in collect(*calls):
+            for step_metrics in per_group[0]:  # every rank reports the same (all-reduced) values
+                for key, value in step_metrics.items():
+                    sums[key] += value
+                    counts[key] += 1
+        return {k: v / counts[k] for k, v in sums.items()}
