@@ -33,7 +33,7 @@ from rl_core.checkpoint import (
     save_checkpoint,
 )
 from rl_core.data import channel as channels
-from rl_core.data.batch import SEQUENCE_COLUMNS, Batch, shard_bounds
+from rl_core.data.batch import SEQUENCE_COLUMNS, Batch
 from rl_core.data.loader import ResumableLoader
 from rl_core.data.prompts import Prompts, tokenize_prompts
 from rl_core.data.run_data import load_prompt_data
@@ -257,27 +257,24 @@ class Controller:
         if seed is None:
             seed = self.draw_seed() if params.do_sample else 0
         total = len(prompt_ids) * params.n
-        bounds = shard_bounds(len(prompt_ids), self.dp)
+        shards = Batch({"prompt_ids": list(prompt_ids)}).split(self.dp)
+        firsts = [sum(len(s) for s in shards[:rank]) for rank in range(len(shards))]
         parts = self.roles.actor.map("generate", [
-            (prompt_ids[a:b], params, seed, (a * params.n, b * params.n), total) for a, b in bounds])
-        shards = [(p, a) for p, (a, _) in zip(parts, bounds) if p is not None]
-        if len(shards) == 1:
-            return shards[0][0]
-        for part, first in shards:
+            (shard.prompt_ids, params, seed, (first * params.n, (first + len(shard)) * params.n),
+             total) for shard, first in zip(shards, firsts)])
+        made = [(part, first) for part, first in zip(parts, firsts) if part is not None]
+        if len(made) == 1:
+            return made[0][0]
+        for part, first in made:  # each rank counted its own prompts from 0
             part["prompt_index"] = part["prompt_index"] + first
-        return Batch.concat([p for p, _ in shards])
+        return Batch.concat([part for part, _ in made])
 
     def run_stages(self, batch: Batch, truths: list[Any] | None, stages: list[str],
                    timer: Timer) -> tuple[Batch, dict[str, float]]:
         """Put the batch into the data channel and let every stage's role pull it at once;
         returns the stages' output columns (one Batch) and the channel's wait metrics."""
-        input_ids, attention_mask, position_ids = batch.to_sequences()
-        columns: dict[str, Any] = {
-            "input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids,
-            "response_mask": batch.response_mask, "response_ids": batch.response_ids,
-            "response_lengths": batch.response_lengths}
-        if "score" in batch:
-            columns["score"] = batch["score"]
+        columns = batch.with_sequences().update(
+            batch.select(["response_ids", "response_lengths", "score"])).to_dict()
         if truths is not None:
             columns["truth"] = [truths[i] for i in batch.prompt_index.tolist()]
         channel = self.roles.channel

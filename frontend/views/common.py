@@ -5,14 +5,14 @@ from __future__ import annotations
 from django.http import Http404
 
 from accounts.choices import WRITE_ROLES
-from api.permissions import visible_projects
+from experiments import queries
 from experiments.models import Experiment, Run
 from rl_core.spec import RunSpec
 
 
 def visible_runs(user):
-    runs = Run.objects.filter(experiment__project__in=visible_projects(user))
-    return runs.select_related("experiment__project", "created_by", "cluster")
+    """The runs the user may see (as in the API), with what a page shows of each."""
+    return queries.visible_runs(user).select_related("experiment__project", "created_by", "cluster")
 
 
 def run_or_404(user, pk: int) -> Run:
@@ -34,7 +34,6 @@ def writable_experiments(user):
 
 def can_write_run(user, run: Run) -> bool:
     return run.experiment.project.can_write(user)
-
 
 
 def is_htmx(request) -> bool:

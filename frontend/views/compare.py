@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import render
 
-from api.run_data import TrackingUnavailable, compare as tracked_metrics
+from experiments.tracking import TrackingUnavailable, compare as tracked_metrics
 from frontend.views.common import ordered_spec, visible_runs
 from rl_core.spec import flatten_params
 
@@ -49,7 +49,7 @@ def compare(request):
     try:
         tracked = tracked_metrics(runs, chosen)
     except TrackingUnavailable as exc:
-        tracked = {"keys": [], "history": {}, "mlflow_url": "", "error": str(exc.detail)}
+        tracked = {"keys": [], "history": {}, "mlflow_url": "", "error": str(exc)}
     keys = [key for key in chosen if key in tracked["keys"]]
     labels = {run.pk: f"#{run.pk} {run.name}".strip() for run in runs}
     context.update({

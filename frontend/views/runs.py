@@ -7,19 +7,19 @@ from django.contrib import messages
 from django.contrib.auth import get_user_model
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
-from django.db.models import Q
+from django.http import QueryDict
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
-from api.run_data import TrackingUnavailable, artifacts
 from experiments import services
 from experiments.choices import ACTIVE_STATES, TERMINAL_STATES, RunState
+from experiments.filters import RunFilter
 from experiments.models import Experiment
+from experiments.queries import DEFAULT_ORDER, RUN_ORDERS, order_runs
+from experiments.tracking import TrackingUnavailable, artifacts
 from frontend.views.common import can_write_run, is_htmx, ordered_spec, run_or_404, visible_runs
 from rl_core.spec import PRESETS, SpecError
 
-SORTS = {"newest": "-created_at", "oldest": "created_at", "priority": "-priority",
-         "name": "name", "state": "state"}
 # The charts of a run's page: (title, metric keys); `prefix/*` collects every key under it.
 RL_CHARTS = [
     ("Reward", ["reward/mean"]),
@@ -60,30 +60,30 @@ def chosen_states(params) -> list[str]:
     return states
 
 
+def run_filter_data(params, states: list[str]) -> QueryDict:
+    """The page's filters in the terms of the API's run filter (`q` is its `search`)."""
+    data = QueryDict(mutable=True)
+    data.setlist("state", states)
+    for name in ("experiment", "creator", "algorithm"):
+        data[name] = params.get(name, "")
+    data["search"] = params.get("q", "").strip()
+    return data
+
+
 @login_required
 def run_list(request):
-    """Runs the user may see, filtered by state, experiment, creator, algorithm and a search."""
+    """Runs the user may see, filtered by state, experiment, creator, algorithm and a search.
+    The filter is the API's; a value it refuses (a stale or hand-typed address) filters
+    nothing, where the API answers 400, so the page still shows a list."""
     params = request.GET
-    runs = visible_runs(request.user).defer("spec")  # a table shows no spec
     states = chosen_states(params)
-    if states:
-        runs = runs.filter(state__in=states)
-    if params.get("experiment", "").isdigit():
-        runs = runs.filter(experiment_id=int(params["experiment"]))
-    if params.get("creator"):
-        runs = runs.filter(created_by__username=params["creator"])
-    if params.get("algorithm"):
-        runs = runs.filter(algorithm=params["algorithm"])
-    query = params.get("q", "").strip()
-    if query:
-        match = Q(name__icontains=query) | Q(experiment__name__icontains=query)
-        runs = runs.filter(match | Q(pk=int(query.lstrip("#")))) if query.lstrip("#").isdigit() \
-            else runs.filter(match)
-    sort = params.get("sort") if params.get("sort") in SORTS else "newest"
-    page = Paginator(runs.order_by(SORTS[sort], "-id"), 50).get_page(params.get("page"))
+    runs = visible_runs(request.user).defer("spec")  # a table shows no spec
+    runs = RunFilter(run_filter_data(params, states), queryset=runs).qs
+    sort = params.get("sort") if params.get("sort") in RUN_ORDERS else DEFAULT_ORDER
+    page = Paginator(order_runs(runs, sort), 50).get_page(params.get("page"))
     visible = visible_runs(request.user)
     context = {
-        "page": page, "sort": sort, "sorts": list(SORTS), "query": query,
+        "page": page, "sort": sort, "sorts": list(RUN_ORDERS), "query": params.get("q", "").strip(),
         "states": [(s.value, s.label) for s in RunState], "algorithms": list(PRESETS),
         "active": ",".join(sorted(ACTIVE_STATES)),
         "chosen": {"state": ",".join(sorted(states)), "experiment": params.get("experiment", ""),
@@ -136,7 +136,7 @@ def run_checkpoints(request, pk: int):
     try:
         rows = artifacts(run)
     except TrackingUnavailable as exc:
-        rows, context["error"] = [], str(exc.detail)
+        rows, context["error"] = [], str(exc)
     context["checkpoints"] = sorted((r for r in rows if r["step"] is not None),
                                     key=lambda r: r["step"], reverse=True)
     context["mlflow_url"] = rows[0]["url"] if rows else ""

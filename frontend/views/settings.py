@@ -1,7 +1,8 @@
 """Settings: the members of your projects, invitations to join one, and your API tokens.
 
-Input is checked by the API's own serializers and the rules applied by accounts.services, so
-the page and the REST API accept and refuse the same things.
+Input is checked by accounts.validation and the throttle of accounts.throttling, and the rules
+are applied by accounts.services: the same code as the REST API's, so the page and the API accept
+and refuse the same things.
 """
 
 from __future__ import annotations
@@ -19,10 +20,9 @@ from django.views.decorators.http import require_POST
 from accounts import services as membership_rules
 from accounts.choices import InvitationState, Role
 from accounts.models import ApiToken, Invitation, Membership
-from api.errors import flatten_errors
-from api.permissions import visible_projects
-from api.serializers import InviteSerializer, MembershipRoleSerializer, TokenSerializer
-from api.throttling import TokenCreateThrottle
+from accounts.queries import visible_projects
+from accounts.throttling import TokenCreateThrottle
+from accounts.validation import InviteInput, RoleInput, TokenInput
 from experiments.services import DomainError
 
 
@@ -48,8 +48,8 @@ def _page(request, status=200, **extra):
 
 def _errors(serializer) -> str:
     """A serializer's errors as one sentence per field, e.g. 'role: "x" is not a valid choice.'"""
-    return " ".join(f"{e['field']}: {e['message']}" if e["field"] else e["message"]
-                    for e in flatten_errors(serializer.errors))
+    return " ".join(f"{field}: {text}" if field != "non_field_errors" else str(text)
+                    for field, texts in serializer.errors.items() for text in texts)
 
 
 @login_required
@@ -80,7 +80,7 @@ def member_action(request, pk):
         if membership is None:
             messages.error(request, f"{username or 'That user'} is not a member of {project.name}.")
         elif op == "role":
-            serializer = MembershipRoleSerializer(data={"role": request.POST.get("role")})
+            serializer = RoleInput(data={"role": request.POST.get("role")})
             if not serializer.is_valid():
                 messages.error(request, f"Could not change the role of {username}: {_errors(serializer)}")
                 return back
@@ -97,7 +97,7 @@ def member_action(request, pk):
 
 
 def _invite(request, project, username, back):
-    serializer = InviteSerializer(data={"username": username, "role": request.POST.get("role")})
+    serializer = InviteInput(data={"username": username, "role": request.POST.get("role")})
     if not serializer.is_valid():
         messages.error(request, f"Could not invite {username or 'anyone'}: {_errors(serializer)}")
         return back
@@ -131,7 +131,7 @@ def invitation_answer(request, pk, answer):
 @require_POST
 def token_create(request):
     """Issue a token and show it on the page this once: only its hash is kept."""
-    serializer = TokenSerializer(data=request.POST, context={"request": request})
+    serializer = TokenInput(data=request.POST, context={"request": request})
     throttle = TokenCreateThrottle()
     if not throttle.allow_request(request, None):
         minutes = max(1, round(throttle.wait() / 60))

@@ -13,6 +13,7 @@ from django.views.decorators.http import require_POST
 from clusters.models import Cluster
 from clusters.services import fitting_clusters
 from experiments import services
+from experiments.limits import RUN_SETTINGS
 from frontend import specform
 from frontend.views.common import run_or_404, writable_experiments
 from rl_core.spec import PRESETS, SpecError, parse_spec_yaml
@@ -23,6 +24,8 @@ ALGORITHMS = {
     "ppo": "Actor-critic with GAE",
     "dpo": "Preference pairs, no rollout reward",
 }
+# The form's fields beside the spec editor; errors at them show at the field.
+SETTING_FIELDS = ("experiment", "cluster", *RUN_SETTINGS)
 
 
 class Editor:
@@ -97,9 +100,9 @@ def _page(request, editor: Editor, fields: dict | None = None, **extra):
         **editor.context(),
         "experiments": writable_experiments(request.user),
         "clusters": Cluster.objects.order_by("name"),
-        "fields": fields or {k: data.get(k, "") for k in ("experiment", "priority", "max_restarts",
-                                                         "cluster")},
+        "fields": fields or {k: data.get(k, "") for k in SETTING_FIELDS},
         "key": data.get("key") or uuid.uuid4().hex,
+        "limits": RUN_SETTINGS,
         "form_errors": {},
         **extra,
     }
@@ -129,11 +132,10 @@ def submit(request):
     if experiment is None:
         form_errors["experiment"] = "Choose an experiment you may submit to (owner or maintainer)."
     settings = {}
-    for name, low, high, default in (("priority", -100, 100, 0), ("max_restarts", 0, 20, 0)):
-        value = _int(request.POST.get(name), default)
-        if value is None or not low <= value <= high:
-            form_errors[name] = f"Enter a whole number from {low} to {high}."
-        settings[name] = value
+    for name, bounds in RUN_SETTINGS.items():
+        settings[name] = _int(request.POST.get(name), bounds.default)
+        if settings[name] not in bounds:
+            form_errors[name] = bounds.message
     cluster = None
     if request.POST.get("cluster"):
         cluster = Cluster.objects.filter(pk=_int(request.POST["cluster"])).first()
@@ -160,8 +162,11 @@ def submit(request):
     except SpecError as exc:
         editor.add(exc.errors)
         return _page(request, editor)
-    except services.RequestError as exc:
-        return _page(request, editor, form_errors={exc.field: exc.message})
+    except services.RequestError as exc:  # the message the API gives at the same field
+        if exc.field in SETTING_FIELDS:
+            return _page(request, editor, form_errors={exc.field: str(exc)})
+        editor.general.append(f"{exc.field}: {exc}")
+        return _page(request, editor)
     except services.DomainError as exc:
         editor.general.append(f"{exc} Reload the page to submit a new run.")
         return _page(request, editor)

@@ -19,6 +19,7 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from experiments.services import DomainError, RequestError
+from experiments.tracking import TrackingUnavailable
 from rl_core.spec import SpecError
 
 _CODES = {
@@ -61,6 +62,14 @@ def spec_validation_error(exc: SpecError, prefix: str = "spec") -> exceptions.Va
     return exceptions.ValidationError(detail)
 
 
+class MetricsStoreUnavailable(exceptions.APIException):
+    """experiments.tracking.TrackingUnavailable as an API error: 503 with its message."""
+
+    status_code = status.HTTP_503_SERVICE_UNAVAILABLE
+    default_detail = "The metrics store (MLflow) cannot be reached; try again shortly."
+    default_code = "tracking_unavailable"
+
+
 def _body(code: str, detail: str, errors: list | None = None) -> dict:
     body = {"error": code, "detail": detail}
     if errors is not None:
@@ -75,6 +84,8 @@ def exception_handler(exc, context):
         exc = exceptions.ValidationError({exc.field: [str(exc)]})
     elif isinstance(exc, DjangoValidationError):
         exc = exceptions.ValidationError(exc.message_dict if hasattr(exc, "error_dict") else exc.messages)
+    elif isinstance(exc, TrackingUnavailable):
+        exc = MetricsStoreUnavailable(str(exc))
     elif isinstance(exc, DomainError):
         return Response(_body("conflict", str(exc)), status=status.HTTP_409_CONFLICT)
     elif isinstance(exc, ProtectedError):

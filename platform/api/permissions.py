@@ -35,9 +35,3 @@ class ProjectRole(permissions.BasePermission):
             return project.can_admin(request.user)
         self.message = "Viewers cannot change anything: ask a project owner for the maintainer role."
         return project.can_write(request.user)
-
-
-def visible_projects(user):
-    if user.is_staff:
-        return Project.objects.all()
-    return Project.objects.filter(memberships__user=user)

@@ -1,11 +1,10 @@
-"""What a run produced: its job logs (stored by the worker), and its metrics and artifacts (read
-from MLflow through workers.tracking). Also a cluster's utilisation."""
+"""What a run produced, for the API: its job logs (stored by the worker) and its metrics (read
+from MLflow by experiments.tracking). Also a cluster's utilisation."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import re
 import time
 from collections.abc import AsyncIterator, Iterator
 
@@ -15,26 +14,20 @@ from django.core.handlers.asgi import ASGIRequest
 from django.db.models import Count, Sum
 from django.db.models.functions import Coalesce
 from django.http import StreamingHttpResponse
-from rest_framework.exceptions import APIException, ValidationError
+from rest_framework.exceptions import ValidationError
 from rest_framework.renderers import BaseRenderer
 
+from accounts.queries import visible_projects
 from api import stream_slots
-from api.permissions import visible_projects
 from clusters.models import Cluster
 from clusters.services import cluster_capacity
+from experiments import tracking
 from experiments.choices import ACTIVE_STATES
 from experiments.models import Attempt, Run
 
 # A follow stream reads the log this often; it ends after ASCENT_LOG_STREAM_LIMIT_S even if the
 # run goes on (the client reconnects with the offset of its last event).
 FOLLOW_POLL_S = 1.0
-_STEP = re.compile(r"^checkpoints/step_(\d+)$")
-
-
-class TrackingUnavailable(APIException):
-    status_code = 503
-    default_detail = "The metrics store (MLflow) cannot be reached; try again shortly."
-    default_code = "tracking_unavailable"
 
 
 def _attempt(run: Run, number: int | None) -> Attempt | None:
@@ -199,67 +192,10 @@ def _event(name: str, data: dict) -> str:
     return f"event: {name}\ndata: {json.dumps(data)}\n\n"
 
 
-def _tracking():
-    from workers.tracking import Tracking, TrackingError
-
-    return Tracking(settings.MLFLOW_TRACKING_URI), TrackingError
-
-
 def metrics(run: Run, params) -> dict:
     """Metric keys, latest values and (for `keys=a,b`) histories down-sampled to `max_points`."""
     keys = [k for k in (params.get("keys") or "").split(",") if k]
-    max_points = _int(params, "max_points", 500, minimum=2)
-    empty = {"mlflow_run_id": run.mlflow_run_id, "mlflow_url": "", "keys": [], "latest": {},
-             "history": {}}
-    if not run.mlflow_run_id:
-        return empty
-    client, error = _tracking()
-    try:
-        latest = client.latest_metrics(run.mlflow_run_id)
-        history = {key: [list(p) for p in client.metric_history(run.mlflow_run_id, key, max_points)]
-                   for key in keys}
-        url = client.run_url(run.mlflow_run_id)
-    except error as exc:
-        raise TrackingUnavailable(str(exc)) from exc
-    return {**empty, "mlflow_url": url, "keys": sorted(latest), "latest": latest,
-            "history": history}
-
-
-def artifacts(run: Run) -> list[dict]:
-    """The run's checkpoints (and other artifacts) in MLflow, with the run's MLflow link."""
-    if not run.mlflow_run_id:
-        return []
-    client, error = _tracking()
-    try:
-        url = client.run_url(run.mlflow_run_id)
-        rows = client.list_artifacts(run.mlflow_run_id)
-        rows += [r for top in rows if top["is_dir"] and top["path"] == "checkpoints"
-                 for r in client.list_artifacts(run.mlflow_run_id, "checkpoints")]
-    except error as exc:
-        raise TrackingUnavailable(str(exc)) from exc
-    out = []
-    for row in rows:
-        match = _STEP.match(row["path"])
-        out.append({**row, "step": int(match.group(1)) if match else None, "url": url})
-    return out
-
-
-def compare(runs: list[Run], keys: list[str], max_points: int = 500) -> dict:
-    """What the compare page needs from MLflow: every metric name the runs logged, the
-    histories of `keys` per run id, and the link to the same comparison in MLflow."""
-    tracked = [run for run in runs if run.mlflow_run_id]
-    if not tracked:
-        return {"keys": [], "history": {}, "mlflow_url": ""}
-    client, error = _tracking()
-    try:
-        names = sorted({key for run in tracked for key in client.latest_metrics(run.mlflow_run_id)})
-        history = {run.pk: {key: [list(p) for p in
-                                  client.metric_history(run.mlflow_run_id, key, max_points)]
-                            for key in keys if key in names} for run in tracked}
-        url = client.compare_url([run.mlflow_run_id for run in tracked])
-    except error as exc:
-        raise TrackingUnavailable(str(exc)) from exc
-    return {"keys": names, "history": history, "mlflow_url": url}
+    return tracking.run_metrics(run, keys, _int(params, "max_points", 500, minimum=2))
 
 
 def utilisation(cluster: Cluster, user) -> dict:

@@ -4,22 +4,21 @@ from __future__ import annotations
 
 import operator
 
-from django.conf import settings
 from django.contrib.auth import get_user_model
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from accounts.choices import Role
-from accounts.models import ApiToken, Invitation, Membership, Project
-from accounts.tokens import token_expiry
+from accounts.models import Invitation, Membership, Project
+from accounts.queries import visible_projects
+from accounts.validation import InviteInput, RoleInput, TokenInput
 from api.parsers import StrictJSONDecoder
-from api.permissions import visible_projects
-from api.strict import JSONObjectField, StrictModelSerializer, StrictSerializer
+from api.strict import JSONObjectField, StrictInputMixin, StrictModelSerializer, StrictSerializer
 from clusters.models import ROOT_FIELDS, Cluster, Node, normalize_roots
 from clusters.services import cluster_capacity
+from experiments.limits import MAX_RESTARTS, PRIORITY
 from experiments.models import Attempt, Experiment, Run, RunEvent
-from experiments.services import RequestError
 from rl_core.spec import SpecError, check_spec_bounds, override_refusal
 
 User = get_user_model()
@@ -95,18 +94,12 @@ class MembershipSerializer(StrictModelSerializer):
         read_only_fields = ["created_at"]
 
 
-class MembershipRoleSerializer(StrictSerializer):
-    role = serializers.ChoiceField(choices=Role.choices)
+class MembershipRoleSerializer(StrictInputMixin, RoleInput):
+    """A member's new role."""
 
 
-class InviteSerializer(StrictSerializer):
+class InviteSerializer(StrictInputMixin, InviteInput):
     """Who to invite, with which role; the same answer whether or not the user exists."""
-
-    username = serializers.CharField(max_length=150)
-    role = serializers.ChoiceField(
-        choices=Role.choices,
-        error_messages={"required": "Give the role to offer: owner, maintainer or viewer."},
-    )
 
 
 class InvitationSerializer(serializers.ModelSerializer):
@@ -135,41 +128,15 @@ class ProjectSerializer(StrictModelSerializer):
         return role.value if role else None
 
 
-class TokenSerializer(StrictModelSerializer):
-    expires_in_days = serializers.IntegerField(
-        write_only=True, required=False, min_value=0,
-        help_text=("Days until it expires, at most the server's ASCENT_TOKEN_MAX_DAYS; 0 = never, "
-                   "only where that is 0. Default: ASCENT_TOKEN_DEFAULT_DAYS. A token created with "
-                   "a token cannot outlive it."),
-    )
+class TokenSerializer(StrictInputMixin, TokenInput):
+    """One of your API tokens; only its hash is kept (the token itself is returned once)."""
+
     is_active = serializers.BooleanField(read_only=True)
 
-    class Meta:
-        model = ApiToken
+    class Meta(TokenInput.Meta):
         fields = ["id", "name", "prefix", "created_at", "expires_at", "revoked_at", "last_used_at",
                   "is_active", "expires_in_days"]
         read_only_fields = ["prefix", "created_at", "expires_at", "revoked_at", "last_used_at"]
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        # Documented as the field's maximum; the check itself (with a message naming the setting
-        # and the calling token's own expiry) is accounts.tokens.token_expiry.
-        self.fields["expires_in_days"].max_value = settings.ASCENT_TOKEN_MAX_DAYS or None
-
-    def validate(self, attrs):
-        auth = getattr(self.context["request"], "auth", None)
-        parent = auth if isinstance(auth, ApiToken) else None
-        try:
-            attrs["expires_at"] = token_expiry(attrs.pop("expires_in_days", None), parent)
-        except RequestError as exc:
-            raise serializers.ValidationError({exc.field: [str(exc)]}) from None
-        return attrs
-
-    def create(self, validated_data):
-        token, raw = ApiToken.issue(self.context["request"].user, validated_data["name"],
-                                    validated_data["expires_at"])
-        token.raw = raw
-        return token
 
 
 class NewTokenSerializer(TokenSerializer):
@@ -326,8 +293,13 @@ class SubmissionFields(StrictSerializer):
 class RunSubmitSerializer(SubmissionFields):
     experiment = serializers.PrimaryKeyRelatedField(queryset=Experiment.objects.none())
     name = serializers.CharField(max_length=128, required=False, allow_blank=True, default="")
-    priority = serializers.IntegerField(min_value=-100, max_value=100, default=0)
-    max_restarts = serializers.IntegerField(min_value=0, max_value=20, default=0)
+    priority = serializers.IntegerField(
+        min_value=PRIORITY.low, max_value=PRIORITY.high, default=PRIORITY.default,
+        error_messages=PRIORITY.error_messages(), help_text="Higher runs first.")
+    max_restarts = serializers.IntegerField(
+        min_value=MAX_RESTARTS.low, max_value=MAX_RESTARTS.high, default=MAX_RESTARTS.default,
+        error_messages=MAX_RESTARTS.error_messages(),
+        help_text="Automatic retries of a run that fails for a reason other than its spec.")
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -364,7 +336,8 @@ class ValidationResultSerializer(serializers.Serializer):
 
 class CloneSerializer(StrictSerializer):
     name = serializers.CharField(max_length=128, required=False, allow_blank=True, default="")
-    priority = serializers.IntegerField(min_value=-100, max_value=100, required=False)
+    priority = serializers.IntegerField(min_value=PRIORITY.low, max_value=PRIORITY.high,
+                                        required=False, error_messages=PRIORITY.error_messages())
     overrides = serializers.ListField(
         child=serializers.CharField(max_length=500), required=False, default=list, max_length=200
     )

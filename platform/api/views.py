@@ -6,12 +6,14 @@ from django.db import transaction
 from django.db.models import Count
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
+from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view,
                                    inline_serializer)
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import PermissionDenied
+from rest_framework.filters import OrderingFilter
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.renderers import BrowsableAPIRenderer, JSONRenderer
 from rest_framework.response import Response
@@ -20,17 +22,20 @@ from rest_framework.views import APIView
 from accounts import services as membership_rules
 from accounts.choices import InvitationState, Role
 from accounts.models import ApiToken, Invitation, Membership, Project
+from accounts.queries import visible_projects
+from accounts.throttling import TokenCreateThrottle
 from api import run_data
 from api import serializers as s
-from api.filters import ExperimentFilter, NodeFilter, RunFilter
+from api.filters import ExperimentFilter, NodeFilter
 from api.pagination import RunCursorPagination
-from api.permissions import IsStaffOrReadOnly, ProjectRole, visible_projects
-from api.throttling import TokenCreateThrottle
+from api.permissions import IsStaffOrReadOnly, ProjectRole
 from clusters.choices import NodeState
 from clusters.models import Cluster, Node
 from clusters.services import fitting_clusters, set_node_state
-from experiments import services
+from experiments import services, tracking
+from experiments.filters import RunFilter
 from experiments.models import Experiment, Run
+from experiments.queries import visible_runs
 from rl_core.spec import PRESETS, spec_json_schema
 
 ERRORS = {
@@ -213,18 +218,14 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
 
     permission_classes = [IsAuthenticated, ProjectRole]
     pagination_class = RunCursorPagination
+    filter_backends = [DjangoFilterBackend, OrderingFilter]  # `search=` is RunFilter's, as in the UI
     filterset_class = RunFilter
-    search_fields = ["name"]
     ordering_fields = ["created_at", "priority"]
 
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):
             return Run.objects.none()
-        runs = Run.objects.select_related("experiment", "created_by", "cluster")
-        user = self.request.user
-        if not user.is_staff:  # staff see every run; members, runs of their projects (a semi-join)
-            runs = runs.filter(experiment__project_id__in=Membership.objects.filter(user=user)
-                               .values("project_id"))
+        runs = visible_runs(self.request.user).select_related("experiment", "created_by", "cluster")
         if self.action == "list":
             return runs.only(*s.RunListSerializer.columns())
         if self.action == "retrieve":
@@ -344,7 +345,7 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
     @action(detail=True, methods=["get"], pagination_class=None, filter_backends=[])
     def artifacts(self, request, pk=None):
         """The run's artifacts in MLflow (checkpoints/step_N, ...), with the MLflow link."""
-        return Response(run_data.artifacts(self.get_object()))
+        return Response(tracking.artifacts(self.get_object()))
 
 
 def _idempotency_key(request) -> str:

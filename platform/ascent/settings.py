@@ -227,8 +227,9 @@ if ASCENT_TOKEN_MAX_DAYS and not 0 < ASCENT_TOKEN_DEFAULT_DAYS <= ASCENT_TOKEN_M
         f"{ASCENT_TOKEN_MAX_DAYS}, or raise ASCENT_TOKEN_MAX_DAYS."
     )
 
-# API rate limits (DRF throttles, api/throttling.py): per token or signed-in user, per address for
-# anonymous requests, and token creation per user. A refused request is a 429 with Retry-After.
+# API rate limits (DRF throttles, api/throttling.py; token creation, shared with the UI, in
+# accounts/throttling.py): per token or signed-in user, per address for anonymous requests, and
+# token creation per user. A refused request is a 429 with Retry-After.
 ASCENT_API_RATE_USER = env_rate("ASCENT_API_RATE_USER", "1200/min")
 ASCENT_API_RATE_ANON = env_rate("ASCENT_API_RATE_ANON", "60/min")
 ASCENT_TOKEN_CREATE_RATE = env_rate("ASCENT_TOKEN_CREATE_RATE", "20/hour")

@@ -10,6 +10,7 @@ from accounts.models import Project
 from clusters.choices import DeviceKind
 from clusters.models import Cluster
 from experiments.choices import TERMINAL_STATES, RunState
+from experiments.limits import MAX_RESTARTS, PRIORITY
 
 
 class Experiment(models.Model):
@@ -45,8 +46,8 @@ class Run(models.Model):
         max_length=16, choices=RunState.choices, default=RunState.QUEUED, db_index=True
     )
     priority = models.IntegerField(
-        default=0,
-        validators=[MinValueValidator(-100), MaxValueValidator(100)],
+        default=PRIORITY.default,
+        validators=[MinValueValidator(PRIORITY.low), MaxValueValidator(PRIORITY.high)],
         help_text="Higher runs first; ties go to the oldest.",
     )
     device_type = models.CharField(max_length=8, choices=DeviceKind.choices)
@@ -59,7 +60,8 @@ class Run(models.Model):
         related_name="requested_runs",
         help_text="Run only on this cluster; empty = any cluster that fits.",
     )
-    max_restarts = models.PositiveIntegerField(default=0, validators=[MaxValueValidator(20)])
+    max_restarts = models.PositiveIntegerField(default=MAX_RESTARTS.default,
+                                               validators=[MaxValueValidator(MAX_RESTARTS.high)])
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, related_name="runs"
     )

@@ -8,8 +8,9 @@ plain dataclasses and mappings, so the rules below are tested on their own
 Order. A run's effective priority is `priority + aging_per_hour * hours queued` (hours counted
 from `created_at` to `now`, never below zero), so a waiting run gains `aging_per_hour` every
 hour and nothing starves: with the default 1.0, a run queued two hours before another of
-priority one higher ranks level with it (ties go to the older run), and a priority -100 run
-overtakes fresh priority 100 runs after 200 hours. The queue is sorted once by effective
+priority one higher ranks level with it (ties go to the older run), and a run of the lowest
+priority overtakes fresh runs of the highest once it has waited as many hours as the priority
+range is wide (experiments.limits.PRIORITY). The queue is sorted once by effective
 priority (highest first), then `created_at` (oldest first), then `id`, so the decisions do not
 depend on the order of the input. Both returned lists follow that order.
 
@@ -83,7 +84,7 @@ class QueuedRun:
     """A run waiting to be placed (a `Run` row in state QUEUED)."""
 
     id: int
-    priority: int  # higher first (Run.priority, -100..100)
+    priority: int  # higher first (Run.priority, within experiments.limits.PRIORITY)
     created_at: float  # seconds since the epoch when it was queued
     device_type: str  # "npu" | "gpu" | "cpu" (clusters.choices.DeviceKind values)
     device_count: int

@@ -23,6 +23,7 @@ from clusters.choices import DeviceKind
 from clusters.models import Cluster
 from clusters.services import path_refusals
 from experiments.choices import ACTIVE_STATES, TERMINAL_STATES, RunState, can_transition
+from experiments.limits import MAX_RESTARTS, PRIORITY
 from experiments.models import Experiment, Run, RunEvent
 from rl_core.paths import check_paths
 from rl_core.rewards import registry as reward_registry
@@ -118,8 +119,8 @@ class Submission:
     spec: Mapping
     overrides: Sequence[str] = ()
     name: str = ""
-    priority: int = 0
-    max_restarts: int = 0
+    priority: int = PRIORITY.default
+    max_restarts: int = MAX_RESTARTS.default
     cluster: Cluster | None = None
     idempotency_key: str = ""
 

@@ -1,0 +1,78 @@
+"""What a run logged to MLflow (metrics, artifacts, comparisons), read through workers.tracking."""
+
+from __future__ import annotations
+
+import re
+
+from django.conf import settings
+
+from experiments.models import Run
+
+_STEP = re.compile(r"^checkpoints/step_(\d+)$")
+
+
+class TrackingUnavailable(Exception):
+    """The metrics store (MLflow) cannot be reached or refused a read; the message says which.
+    The API answers 503, the web UI shows the message in place of the data."""
+
+
+def _tracking():
+    """The MLflow adapter and its error class (imported here: mlflow loads only when needed)."""
+    from workers.tracking import Tracking, TrackingError
+
+    return Tracking(settings.MLFLOW_TRACKING_URI), TrackingError
+
+
+def run_metrics(run: Run, keys: list[str], max_points: int = 500) -> dict:
+    """Metric keys, latest values and the histories of `keys` down-sampled to `max_points`."""
+    empty = {"mlflow_run_id": run.mlflow_run_id, "mlflow_url": "", "keys": [], "latest": {},
+             "history": {}}
+    if not run.mlflow_run_id:
+        return empty
+    client, error = _tracking()
+    try:
+        latest = client.latest_metrics(run.mlflow_run_id)
+        history = {key: [list(p) for p in client.metric_history(run.mlflow_run_id, key, max_points)]
+                   for key in keys}
+        url = client.run_url(run.mlflow_run_id)
+    except error as exc:
+        raise TrackingUnavailable(str(exc)) from exc
+    return {**empty, "mlflow_url": url, "keys": sorted(latest), "latest": latest,
+            "history": history}
+
+
+def artifacts(run: Run) -> list[dict]:
+    """The run's checkpoints (and other artifacts) in MLflow, with the run's MLflow link."""
+    if not run.mlflow_run_id:
+        return []
+    client, error = _tracking()
+    try:
+        url = client.run_url(run.mlflow_run_id)
+        rows = client.list_artifacts(run.mlflow_run_id)
+        rows += [r for top in rows if top["is_dir"] and top["path"] == "checkpoints"
+                 for r in client.list_artifacts(run.mlflow_run_id, "checkpoints")]
+    except error as exc:
+        raise TrackingUnavailable(str(exc)) from exc
+    out = []
+    for row in rows:
+        match = _STEP.match(row["path"])
+        out.append({**row, "step": int(match.group(1)) if match else None, "url": url})
+    return out
+
+
+def compare(runs: list[Run], keys: list[str], max_points: int = 500) -> dict:
+    """What a comparison of runs needs from MLflow: every metric name the runs logged, the
+    histories of `keys` per run id, and the link to the same comparison in MLflow."""
+    tracked = [run for run in runs if run.mlflow_run_id]
+    if not tracked:
+        return {"keys": [], "history": {}, "mlflow_url": ""}
+    client, error = _tracking()
+    try:
+        names = sorted({key for run in tracked for key in client.latest_metrics(run.mlflow_run_id)})
+        history = {run.pk: {key: [list(p) for p in
+                                  client.metric_history(run.mlflow_run_id, key, max_points)]
+                            for key in keys if key in names} for run in tracked}
+        url = client.compare_url([run.mlflow_run_id for run in tracked])
+    except error as exc:
+        raise TrackingUnavailable(str(exc)) from exc
+    return {"keys": names, "history": history, "mlflow_url": url}
