@@ -109,6 +109,9 @@ class Batch:
     def keys(self) -> list[str]:
         return list(self.columns)
 
+    def items(self):
+        return self.columns.items()
+
     def get(self, name: str, default: Any = None) -> Any:
         return self.columns.get(name, default)
 

@@ -64,6 +64,13 @@ def test_concat_pads_prompts_on_the_left_and_the_rest_on_the_right():
     assert len(Batch.concat([])) == 0
 
 
+def test_update_takes_a_batch_or_a_mapping():
+    batch = sample(2)
+    batch.update(Batch({"extra": [1, 2]})).update({"more": torch.zeros(2)})
+    assert batch.keys() == ["ids", "score", "truth", "extra", "more"]
+    assert dict(batch.select(["extra"]).items()) == {"extra": [1, 2]}
+
+
 def test_a_batch_survives_pickling_as_ray_sends_it():
     batch = sample()
     copy = pickle.loads(pickle.dumps(batch))
