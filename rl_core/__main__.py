@@ -3,6 +3,7 @@
     python -m rl_core spec validate SPEC.yaml [dotted.key=value ...]   # print the resolved spec
     python -m rl_core spec schema                                       # JSON Schema of the spec
     python -m rl_core spec docs                                         # Markdown field reference
+    python -m rl_core plan SPEC.yaml [dotted.key=value ...]             # memory per device
     python -m rl_core make-tiny --size small --out DIR                  # a tiny HF model folder
     python -m rl_core make-data --task addition --digits 3 --out DIR    # synthetic train/val files
     python -m rl_core train SPEC.yaml [dotted.key=value ...]            # RL training (grpo, dapo)
@@ -23,6 +24,7 @@ from collections.abc import Sequence
 from rl_core.cli import add_parsers as _add_run_commands
 from rl_core.data.cli import add_parser as _add_make_data
 from rl_core.errors import EXIT_INPUT as EXIT_INVALID_SPEC
+from rl_core.memory_plan import add_parser as _add_plan
 from rl_core.models.cli import add_parser as _add_make_tiny
 from rl_core.spec import SpecError, load_spec, spec_json_schema, spec_reference_markdown
 
@@ -77,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_spec(commands)
+    _add_plan(commands)
     _add_make_tiny(commands)
     _add_make_data(commands)
     _add_run_commands(commands)

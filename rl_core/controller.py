@@ -287,6 +287,8 @@ class Controller:
             "old_logprob": (self.roles.actor, list(SEQUENCE_COLUMNS), ["old_logprobs"]),
             "values": (self.roles.critic, list(SEQUENCE_COLUMNS), ["values"]),
         }
+        direct = self.spec.actor.strategy == "fsdp2" and "old_logprob" in stages
+        stages = [s for s in stages if not (direct and s == "old_logprob")]
         started = time.perf_counter()  # (a local group works while it is submitted)
         pending = []
         for stage in stages:
@@ -299,10 +301,18 @@ class Controller:
         for (stage, _), per_rank in zip(pending, results):
             metrics[f"channel/wait_s/{stage}"] = sum(r["wait_s"] for r in per_rank)
             timer.seconds[stage] += max(r.get("seconds", 0.0) for r in per_rank)
-        timer.seconds["stages"] += time.perf_counter() - started
         out = Batch({name: channels.call(channel, "column", name)
                      for stage in stages for name in plan[stage][2]})
+        if direct:
+            with timer("old_logprob"):
+                out["old_logprobs"] = self._old_logprobs(batch)
+        timer.seconds["stages"] += time.perf_counter() - started
         return out, metrics
+
+    def _old_logprobs(self, batch: Batch) -> torch.Tensor:
+        """The `old_logprob` stage of a sharded actor: each rank its share, all ranks at once."""
+        shards = batch.with_sequences().split(self.dp)
+        return torch.cat(self.roles.actor.map("old_logprobs", [(s.to_dict(),) for s in shards]))
 
     def scores(self, batch: Batch, columns: Batch, max_new_tokens: int
                ) -> tuple[torch.Tensor, dict[str, float]]:

@@ -235,3 +235,11 @@ def supports_dtype(kind: DeviceKind, dtype: str) -> tuple[bool, str]:
         return True, f"torch.{kind.torch_type}.is_bf16_supported() is True"
     return False, (f"this {kind.name} lacks bfloat16 "
                    f"(torch.{kind.torch_type}.is_bf16_supported() is False); use float32")
+
+
+def device_mesh(device: torch.device, size: int):
+    """A one-dimensional device mesh of `size` ranks over the default process group, with the
+    device type always given (FSDP2 shards over it)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(device.type, (size,))

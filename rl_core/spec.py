@@ -322,8 +322,10 @@ class ActorConfig(_Strict):
     strategy: Literal["torch", "fsdp2"] = Field(
         "torch",
         description="Training engine: `torch` is the plain PyTorch engine, one full copy of the "
-        "model and optimizer state per data-parallel rank; `fsdp2` shards them with PyTorch "
-        "FSDP2.",
+        "model, gradients and optimizer state per data-parallel rank; `fsdp2` shards them over "
+        "the ranks with PyTorch FSDP2 (float32 master weights, compute in `model.dtype`; the "
+        "rollout keeps a full copy synced after every update; the reference is not sharded; "
+        "not with a critic yet).",
     )
     lr: float = Field(1e-5, gt=0, le=1, description="Learning rate.")
     weight_decay: float = Field(0.01, ge=0, le=1, description="AdamW weight decay.")
@@ -704,7 +706,6 @@ NOT_IMPLEMENTED: dict[str, tuple[Any, ...]] = {
     "rollout.gpu_memory_utilization": (0.5,),  # a vLLM setting
     "rollout.partial_rollout_max_split": (0, 1),  # both mean no partial rollout
     "rollout.tensor_parallel_size": (1,),
-    "actor.strategy": ("torch",),
     "actor.use_remove_padding": (False,),
     "actor.offload.param": (False,),
     "actor.offload.optimizer": (False,),
@@ -1069,6 +1070,13 @@ def _rule_lengths(s: RunSpec) -> Iterator[Violation]:
         )
 
 
+def _rule_strategy(s: RunSpec) -> Iterator[Violation]:
+    """`actor.strategy: fsdp2` shards the actor only: not with a critic (PPO) yet."""
+    if s.actor.strategy == "fsdp2" and s.critic.enable:
+        yield ("actor.strategy", "fsdp2 with a critic (critic.enable, PPO) is not implemented "
+               "yet: use actor.strategy=torch for PPO")
+
+
 def _rule_reward(s: RunSpec) -> Iterator[Violation]:
     """GRPO, DAPO and PPO need `reward.functions`."""
     if s.algorithm != "dpo" and not s.reward.functions and s.reward.reward_model is None:
@@ -1108,6 +1116,7 @@ _RULES: tuple[Callable[[RunSpec], Iterator[Violation]], ...] = (
     _rule_layouts,
     _rule_lengths,
     _rule_reward,
+    _rule_strategy,
     _rule_trainer,
 )
 

@@ -1,5 +1,6 @@
 """Submitting a run: algorithm presets, a form generated from the RunSpec schema, a YAML view of
-the same spec, a dry run showing the device request, inline errors, and no lost input."""
+the same spec, a dry run showing the device request and memory plan, inline errors, and no lost
+input."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from experiments import services
 from experiments.limits import RUN_SETTINGS
 from frontend import specform
 from frontend.views.common import run_or_404, writable_experiments
+from rl_core.memory_plan import GIB, PHASES
 from rl_core.spec import PRESETS, SpecError, parse_spec_yaml
 
 ALGORITHMS = {
@@ -92,6 +94,28 @@ class Editor:
         }
 
 
+def memory_preview(verdict: services.MemoryVerdict) -> dict:
+    """What the dry run shows of a memory plan: the verdict line, where the device memory comes
+    from and one row per role of bytes per phase (GiB, or MiB for a plan under one GiB)."""
+    plan = verdict.plan
+    if plan is None:
+        return {"fits": None, "message": verdict.reason}
+    unit, size = ("GiB", GIB) if plan.total_bytes >= GIB else ("MiB", 2**20)
+
+    def cells(totals: dict[str, int]) -> list[str]:
+        return [f"{totals[phase] / size:.1f}" for phase in PHASES]
+
+    device = verdict.device_model or "unknown device"
+    return {
+        "fits": plan.fits, "message": plan.message, "unit": unit, "phases": PHASES,
+        "peak": plan.peak_phase, "rows": [(role, cells(plan.phase_bytes(role)))
+                                          for role in plan.roles],
+        "total": cells(plan.phase_bytes()),
+        "device": f"{device} on {verdict.device_cluster}" if verdict.device_cluster
+        else f"{device} (no such device registered: the kind's default)",
+    }
+
+
 def _page(request, editor: Editor, fields: dict | None = None, **extra):
     """The submit page. A form with errors comes back as 200, like any re-rendered form: a 4xx
     would only add an error line in the browser console, and htmx would not show it."""
@@ -104,6 +128,7 @@ def _page(request, editor: Editor, fields: dict | None = None, **extra):
         "key": data.get("key") or uuid.uuid4().hex,
         "limits": RUN_SETTINGS,
         "form_errors": {},
+        "ignore_memory_plan": bool(data.get("ignore_memory_plan")),
         **extra,
     }
     return render(request, "frontend/submit.html", context)
@@ -150,6 +175,7 @@ def submit(request):
         spec=spec, name=editor.run_name.strip(), priority=settings["priority"],
         max_restarts=settings["max_restarts"], cluster=cluster,
         idempotency_key=f"form-{key}"[:128] if key else "",
+        ignore_memory_plan=bool(request.POST.get("ignore_memory_plan")),
     )
     try:
         if request.POST.get("action") == "dry_run":
@@ -157,8 +183,12 @@ def submit(request):
             device_request = resolved.device_request()
             return _page(request, editor, dry_run={
                 "request": device_request, "clusters": fitting_clusters(device_request, cluster),
-                "yaml": specform.to_yaml(resolved.model_dump(mode="json"))})
+                "yaml": specform.to_yaml(resolved.model_dump(mode="json"))},
+                memory=memory_preview(services.memory_verdict(resolved, cluster)))
         run, created = services.submit_run(experiment, request.user, submission)
+    except services.MemoryRefusal as exc:
+        editor.general.append(str(exc))
+        return _page(request, editor, memory=memory_preview(exc.verdict))
     except SpecError as exc:
         editor.add(exc.errors)
         return _page(request, editor)

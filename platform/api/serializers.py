@@ -300,6 +300,9 @@ class RunSubmitSerializer(SubmissionFields):
         min_value=MAX_RESTARTS.low, max_value=MAX_RESTARTS.high, default=MAX_RESTARTS.default,
         error_messages=MAX_RESTARTS.error_messages(),
         help_text="Automatic retries of a run that fails for a reason other than its spec.")
+    ignore_memory_plan = serializers.BooleanField(
+        default=False, help_text="Submit even when the memory plan (see runs/validate) says the "
+        "run does not fit the devices it could get; otherwise such a run is refused with a 400.")
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -327,11 +330,65 @@ class FittingClusterSerializer(serializers.Serializer):
     fits_now = serializers.BooleanField()
 
 
+class PlanComponentSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    bytes = serializers.IntegerField(help_text="Bytes per device.")
+    phases = serializers.ListField(child=serializers.CharField(),
+                                   help_text="The phases it is on the device in.")
+    note = serializers.CharField(allow_blank=True)
+    host = serializers.BooleanField(help_text="It lives in host memory outside those phases.")
+    role = serializers.CharField(help_text="actor, reference or critic.")
+
+
+class PlanAlternativeSerializer(serializers.Serializer):
+    change = serializers.CharField(help_text="Dotted overrides, this one's and those before it.")
+    adds = serializers.CharField(help_text="The overrides it adds to the one before.")
+    peak_bytes = serializers.IntegerField()
+    peak_phase = serializers.CharField()
+    fits = serializers.BooleanField(allow_null=True)
+
+
+class PhaseBytesField(serializers.DictField):
+    child = serializers.IntegerField()
+
+
+class MemoryPlanSerializer(serializers.Serializer):
+    model = serializers.CharField(allow_blank=True)
+    parameters = serializers.IntegerField()
+    strategy = serializers.CharField()
+    devices = serializers.IntegerField(help_text="Data-parallel devices fsdp2 shards over.")
+    dtype = serializers.CharField()
+    setup = serializers.DictField(help_text="What the plan read from the spec.")
+    components = PlanComponentSerializer(many=True)
+    phases = PhaseBytesField(help_text="Device bytes per phase: load, rollout, log-probs, "
+                             "backward, step.")
+    peak_phase = serializers.CharField()
+    roles = serializers.DictField(child=PhaseBytesField(), help_text="Per role, bytes per phase.")
+    total_bytes = serializers.IntegerField(help_text="The peak: bytes of the largest phase.")
+    host_bytes = serializers.IntegerField()
+    device_memory_bytes = serializers.IntegerField(allow_null=True)
+    usable_bytes = serializers.IntegerField(allow_null=True, help_text="Device memory less "
+                                            "the headroom kept free.")
+    fits = serializers.BooleanField(allow_null=True, help_text="null: device memory unknown.")
+    message = serializers.CharField(help_text="The verdict; when it does not fit, what to change.")
+    alternatives = PlanAlternativeSerializer(many=True)
+    device_model = serializers.CharField(allow_null=True, help_text="The device model compared "
+                                         "with, e.g. ascend-910b.")
+    device_cluster = serializers.CharField(allow_null=True, help_text="The cluster it is on; "
+                                           "null: a default for the device kind.")
+
+
 class ValidationResultSerializer(serializers.Serializer):
     valid = serializers.BooleanField()
     spec = serializers.JSONField(help_text="The resolved spec: preset, your values, overrides.")
     device_request = DeviceRequestSerializer()
     clusters = FittingClusterSerializer(many=True, help_text="Clusters offering this device kind.")
+    memory_plan = MemoryPlanSerializer(
+        allow_null=True, help_text="Memory per device on the largest healthy device of the "
+        "spec's kind on the chosen cluster (any cluster when none is named); null when the "
+        "model's shape cannot be known here (see memory_plan_reason).")
+    memory_plan_reason = serializers.CharField(
+        allow_blank=True, help_text="Why memory_plan is null; empty otherwise.")
 
 
 class CloneSerializer(StrictSerializer):
@@ -341,6 +398,8 @@ class CloneSerializer(StrictSerializer):
     overrides = serializers.ListField(
         child=serializers.CharField(max_length=500), required=False, default=list, max_length=200
     )
+    ignore_memory_plan = serializers.BooleanField(
+        default=False, help_text="Clone even when the memory plan says it does not fit.")
 
     def validate_overrides(self, value):
         return _refuse_big_overrides(value)

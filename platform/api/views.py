@@ -251,6 +251,7 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
             spec=data["spec"], overrides=data["overrides"], name=data["name"],
             priority=data["priority"], max_restarts=data["max_restarts"],
             cluster=data.get("cluster"), idempotency_key=_idempotency_key(request),
+            ignore_memory_plan=data["ignore_memory_plan"],
         )
         run, created = services.submit_run(experiment, request.user, submission)
         return Response(s.RunSerializer(run).data,
@@ -260,18 +261,22 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
                    responses={200: s.ValidationResultSerializer, 400: ERRORS[400]})
     @action(detail=False, methods=["post"])
     def validate(self, request):
-        """Dry run: validate a spec and show the resolved spec and device request. Stores nothing."""
+        """Dry run: validate a spec and show the resolved spec, device request and memory plan.
+        Stores nothing."""
         serializer = s.RunValidateSerializer(data=request.data, context=self.get_serializer_context())
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
         spec = services.prepare(services.Submission(spec=data["spec"], overrides=data["overrides"],
                                                     cluster=data.get("cluster")))
         device_request = spec.device_request()
+        memory = services.memory_verdict(spec, data.get("cluster"))
         return Response({
             "valid": True,
             "spec": spec.model_dump(mode="json"),
             "device_request": device_request,
             "clusters": fitting_clusters(device_request, data.get("cluster")),
+            "memory_plan": memory.to_dict(),
+            "memory_plan_reason": memory.reason,
         })
 
     @extend_schema(request=None, responses={200: s.RunSerializer, **ERRORS})

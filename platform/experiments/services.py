@@ -19,12 +19,14 @@ from django.db.models import Q
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from clusters.choices import DeviceKind
-from clusters.models import Cluster
+from clusters.choices import DeviceKind, NodeState, kind_of
+from clusters.models import Cluster, Node
 from clusters.services import path_refusals
 from experiments.choices import ACTIVE_STATES, TERMINAL_STATES, RunState, can_transition
 from experiments.limits import MAX_RESTARTS, PRIORITY
 from experiments.models import Experiment, Run, RunEvent
+from rl_core import memory_plan as plans
+from rl_core.errors import InputError
 from rl_core.paths import check_paths
 from rl_core.rewards import registry as reward_registry
 from rl_core.spec import RunSpec, SpecError, resolve_spec
@@ -123,6 +125,7 @@ class Submission:
     max_restarts: int = MAX_RESTARTS.default
     cluster: Cluster | None = None
     idempotency_key: str = ""
+    ignore_memory_plan: bool = False  # submit even when the memory plan says it does not fit
 
     def fingerprint(self, experiment: Experiment) -> str:
         """What makes two submissions the same request, for an idempotency key."""
@@ -214,6 +217,71 @@ def prepare(submission: Submission) -> RunSpec:
     return spec
 
 
+@dataclass(frozen=True)
+class MemoryVerdict:
+    """The memory plan of a spec on the device it would get; `plan` is None, with `reason`,
+    when the model's shape cannot be known here (its folder is on the cluster only)."""
+
+    plan: plans.MemoryPlan | None
+    reason: str = ""
+    device_model: str | None = None  # the device model whose memory the plan compares with
+    device_cluster: str | None = None  # the cluster it is on (None: a default for the kind)
+
+    def to_dict(self) -> dict | None:
+        if self.plan is None:
+            return None
+        return {**self.plan.to_dict(), "device_model": self.device_model,
+                "device_cluster": self.device_cluster}
+
+
+class MemoryRefusal(RequestError):
+    """A submission whose memory plan does not fit the devices it could get (HTTP 400)."""
+
+    def __init__(self, verdict: MemoryVerdict):
+        self.verdict = verdict
+        super().__init__("spec", f"memory plan: {verdict.plan.message}. Change the spec, or set "
+                                 "ignore_memory_plan to submit anyway.")
+
+
+def memory_verdict(spec: RunSpec, cluster: Cluster | None) -> MemoryVerdict:
+    """The plan against the largest healthy device of the spec's kind on `cluster`, or on any
+    cluster offering that kind when none is named (the device model's memory in
+    `DEVICE_MEMORY_GB`); without one in the inventory, the kind's default model."""
+    try:
+        shape = plans.shape_of(spec)
+    except InputError as exc:
+        return MemoryVerdict(None, f"no memory plan: {exc}")
+    model, where = _largest_device(spec.device_request()["device_type"], cluster)
+    memory = plans.device_memory_of(model) if model else None
+    result = plans.plan_setup(plans.setup_of(spec), shape, memory, spec.model.path)
+    return MemoryVerdict(result, device_model=model, device_cluster=where)
+
+
+def _largest_device(kind: str, cluster: Cluster | None) -> tuple[str | None, str | None]:
+    """(device model, cluster name) of the largest healthy device of `kind` that placement
+    could use; (the kind's default model, None) when the inventory has none."""
+    if kind == DeviceKind.CPU:
+        return None, None
+    clusters = [cluster] if cluster else Cluster.objects.filter(device_type=kind)
+    nodes = Node.objects.filter(cluster__in=clusters, state=NodeState.READY,
+                                healthy_device_count__gt=0).values_list("device_type",
+                                                                        "cluster__name")
+    found = [(model, name) for model, name in nodes if kind_of(model) == kind]
+    if found:
+        return max(found, key=lambda item: plans.device_memory_of(item[0]) or 0)
+    return plans.DEFAULT_DEVICE_MODEL.get(kind), None
+
+
+def check_memory(spec: RunSpec, submission: Submission) -> None:
+    """Refuse a run whose memory plan does not fit the devices it could get, unless the
+    submission says to ignore the plan; a plan without a verdict refuses nothing."""
+    if submission.ignore_memory_plan:
+        return
+    verdict = memory_verdict(spec, submission.cluster)
+    if verdict.plan is not None and verdict.plan.fits is False:
+        raise MemoryRefusal(verdict)
+
+
 def submit_run(experiment: Experiment, user, submission: Submission) -> tuple[Run, bool]:
     """Store a validated run as QUEUED. Returns (run, created).
 
@@ -226,6 +294,7 @@ def submit_run(experiment: Experiment, user, submission: Submission) -> tuple[Ru
         if existing is not None:
             return existing, False
     spec = prepare(submission)
+    check_memory(spec, submission)
     request = spec.device_request()
     try:
         with transaction.atomic():
@@ -296,7 +365,7 @@ def cancel_run(run: Run, user) -> Run:
 
 
 def clone_run(run: Run, user, *, overrides: Sequence[str] = (), name: str = "",
-              priority: int | None = None) -> Run:
+              priority: int | None = None, ignore_memory_plan: bool = False) -> Run:
     """A new QUEUED run with the same spec (plus overrides) in the same experiment."""
     submission = Submission(
         spec=run.spec,
@@ -305,6 +374,7 @@ def clone_run(run: Run, user, *, overrides: Sequence[str] = (), name: str = "",
         priority=run.priority if priority is None else priority,
         max_restarts=run.max_restarts,
         cluster=run.cluster,
+        ignore_memory_plan=ignore_memory_plan,
     )
     clone, _ = submit_run(run.experiment, user, submission)
     Run.objects.filter(pk=clone.pk).update(cloned_from=run)
@@ -332,7 +402,7 @@ def restart_run(run: Run, user) -> Run:
     name = run.name.removesuffix(" (restart)")
     submission = Submission(spec=run.spec, name=f"{name} (restart)" if name else "",
                             priority=run.priority, max_restarts=run.max_restarts,
-                            cluster=run.cluster)
+                            cluster=run.cluster, ignore_memory_plan=True)  # already accepted
     restart, _ = submit_run(run.experiment, user, submission)
     Run.objects.filter(pk=restart.pk).update(cloned_from=run, resume_from=root)
     restart.refresh_from_db()

@@ -4,6 +4,7 @@ rollout engine. Names the spec accepts but no engine implements yet are refused 
 (`rl_core.spec.NOT_IMPLEMENTED`).
 
     engine_class = training_engine("torch")        # rl_core.engines.train.TrainEngine
+    engine_class = training_engine("fsdp2")        # rl_core.engines.fsdp.FSDP2Engine (sharded)
     rollout_class = rollout_engine("native")       # rl_core.engines.rollout.NativeRolloutEngine
 """
 
@@ -15,7 +16,8 @@ from typing import Any
 from rl_core.errors import InputError
 
 # name -> "module:class"; imported on first use (engines import torch and their backends)
-TRAINING_ENGINES = {"torch": "rl_core.engines.train:TrainEngine"}
+TRAINING_ENGINES = {"torch": "rl_core.engines.train:TrainEngine",
+                    "fsdp2": "rl_core.engines.fsdp:FSDP2Engine"}
 ROLLOUT_ENGINES = {"native": "rl_core.engines.rollout:NativeRolloutEngine"}
 
 

@@ -268,13 +268,16 @@ class TrainEngine:
         dp_group: Any = None,
         metric_prefix: str = METRIC_PREFIX,
         head: Callable[..., tuple[torch.Tensor, torch.Tensor | None]] | None = None,
+        sharded: bool = False,
     ) -> None:
         """`micro_batch_size` (rows), `max_token_len` (valid tokens per micro-batch: dynamic
         batch size, which then overrides every row count) and `loss_agg_mode` are defaults for
         `train_step` and `forward_logprobs`; without either size a call is one micro-batch.
         `trim_padding=False` keeps all-padding columns (for comparisons). `dp_group`: the
         data-parallel process group (see the module docstring); `metric_prefix` names the
-        engine's own metrics (`actor/`, or `critic/` for a value model)."""
+        engine's own metrics (`actor/`, or `critic/` for a value model). `sharded`: the model's
+        parameters are DTensors sharded by FSDP2 over `dp_group`, which reduces the gradients
+        itself (see `rl_core.engines.fsdp`)."""
         if param_dtype not in PARAM_DTYPES:
             raise ValueError(
                 f"param_dtype {param_dtype!r} is not supported; use float32 or bfloat16 "
@@ -294,8 +297,9 @@ class TrainEngine:
         self.loss_agg_mode, self.trim_padding = loss_agg_mode, trim_padding
         self.dp_group, self.metric_prefix = dp_group, metric_prefix
         self.head = head or LogProbHead()
+        self.sharded = sharded
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = _adamw(self.params, lr, betas, weight_decay, self.device)
+        self.optimizer = _adamw(self.params, lr, betas, weight_decay, self.device, fused=not sharded)
         self.step = 0  # optimizer steps taken
 
     @classmethod
@@ -309,21 +313,8 @@ class TrainEngine:
         dp_group: Any = None,
     ) -> TrainEngine:
         """An engine configured by the spec's `actor` section; `dtype` is `model.dtype`."""
-        return cls(
-            model,
-            lr=actor.lr,
-            weight_decay=actor.weight_decay,
-            warmup_steps=actor.warmup_steps,
-            lr_scheduler=actor.lr_scheduler,
-            total_steps=total_steps,
-            grad_clip=actor.grad_clip,
-            param_dtype=dtype,
-            device=device,
-            micro_batch_size=actor.ppo_micro_batch_size,
-            max_token_len=actor.max_token_len_per_gpu if actor.use_dynamic_bsz else None,
-            loss_agg_mode=actor.loss_agg_mode,
-            dp_group=dp_group,
-        )
+        return cls(model, **engine_options(actor, total_steps), param_dtype=dtype, device=device,
+                   dp_group=dp_group)
 
     # ----------------------------------------------------------------------- forward
 
@@ -357,10 +348,11 @@ class TrainEngine:
                         input_ids[rows], attention_mask[rows], position_ids[rows],
                         response_len, temperature, with_entropy, extents, rows,
                     )
-                    for rows in slices
+                    for rows in (s or slice(0, 1) for s in slices)  # None: padding (sharded)
                 ]
         finally:
             self.model.train(was_training)
+        outs = [out for out, rows in zip(outs, slices) if rows is not None]
         logprobs = torch.cat([lp for lp, _ in outs])
         entropy = torch.cat([ent for _, ent in outs]) if with_entropy else None
         return logprobs, entropy
@@ -400,8 +392,33 @@ class TrainEngine:
     ) -> list[slice]:
         max_token_len = max_token_len or self.max_token_len
         if max_token_len is not None:  # dynamic batch size: row counts are ignored
-            return split_tokens(extents.lengths, max_token_len)
-        return split_rows(n_rows, micro_batch_size or self.micro_batch_size or max(n_rows, 1))
+            slices = split_tokens(extents.lengths, max_token_len)
+        else:
+            slices = split_rows(n_rows, micro_batch_size or self.micro_batch_size or max(n_rows, 1))
+        return self._even(slices) if self.sharded else slices
+
+    def _even(self, slices: list[slice]) -> list[slice | None]:
+        """As many micro-batches on this rank as on the rank with the most: FSDP2 gathers the
+        parameters in every forward and reduces gradients in every backward on all ranks
+        together. A rank with fewer splits its widest micro-batches, then adds padding ones
+        (None: a forward and backward on one row that counts for nothing)."""
+        import torch.distributed as dist
+
+        if not slices:
+            raise ValueError("a sharded engine needs at least one row on every rank: make the "
+                             "batch sizes divisible by the number of devices")
+        count = torch.tensor([len(slices)])
+        dist.all_reduce(count, op=dist.ReduceOp.MAX, group=self.dp_group)
+        out: list[slice | None] = list(slices)
+        while len(out) < int(count):
+            widest = max(range(len(out)), key=lambda i: out[i].stop - out[i].start)
+            rows = out[widest]
+            if rows.stop - rows.start < 2:
+                out += [None] * (int(count) - len(out))
+                break
+            middle = (rows.start + rows.stop) // 2
+            out[widest:widest + 1] = [slice(rows.start, middle), slice(middle, rows.stop)]
+        return out
 
     # ----------------------------------------------------------------------- update
 
@@ -436,7 +453,10 @@ class TrainEngine:
         response_mask = batch["response_mask"]
         extents = _Extents.of(batch["attention_mask"])
         slices = self._slices(response_mask.shape[0], extents, micro_batch_size, max_token_len)
-        shares, metric_shares = _shares(response_mask, slices, mode)
+        real = [rows for rows in slices if rows is not None]
+        shares, metric_shares = _shares(response_mask, real, mode)
+        shares += [0.0] * (len(slices) - len(real))  # padding micro-batches (sharded) count 0
+        metric_shares += [0.0] * (len(slices) - len(real))
         if self.dp_group is not None:
             loss_scale, metric_scale = self._rank_share(response_mask, mode)
             shares = [share * loss_scale for share in shares]
@@ -448,11 +468,15 @@ class TrainEngine:
         totals: dict[str, torch.Tensor] = {}
         try:
             for rows, share, metric_share in zip(slices, shares, metric_shares):
+                padding, rows = rows is None, rows or slice(0, 1)
                 micro = {k: _to(v[rows], self.device) for k, v in batch.items()}
                 logprobs, entropy = self._forward(
                     micro["input_ids"], micro["attention_mask"], micro["position_ids"],
                     response_mask.shape[1], temperature, with_entropy, extents, rows,
                 )
+                if padding:  # every parameter's gradient reduction takes part, adding nothing
+                    (logprobs.sum() * 0.0).backward()
+                    continue
                 loss, metrics = loss_fn(micro, logprobs, entropy)
                 (loss * share).backward()
                 loss_sum += loss.detach().float() * share
@@ -485,7 +509,18 @@ class TrainEngine:
     def _all_reduce(
         self, loss: torch.Tensor, totals: dict[str, torch.Tensor]
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """Sum gradients, loss and metrics over the data-parallel ranks (two collectives)."""
+        """Sum gradients (unless FSDP2 did), loss and metrics over the data-parallel ranks."""
+        import torch.distributed as dist
+
+        if not self.sharded:
+            self._all_reduce_gradients()
+        names = list(totals)
+        values = torch.stack([loss.float(), *(totals[n].float() for n in names)])
+        dist.all_reduce(values, group=self.dp_group)
+        return values[0], dict(zip(names, values[1:]))
+
+    def _all_reduce_gradients(self) -> None:
+        """One flattened all-reduce (sum) of every rank's full gradients."""
         import torch.distributed as dist
 
         for param in self.params:
@@ -496,10 +531,6 @@ class TrainEngine:
         dist.all_reduce(flat, group=self.dp_group)
         for grad, summed in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
             grad.copy_(summed)
-        names = list(totals)
-        values = torch.stack([loss.float(), *(totals[n].float() for n in names)])
-        dist.all_reduce(values, group=self.dp_group)
-        return values[0], dict(zip(names, values[1:]))
 
     def _apply(self, loss: torch.Tensor, totals: dict[str, torch.Tensor]) -> dict[str, float]:
         """Clip, check, step: the end of `train_step`."""
@@ -534,17 +565,20 @@ class TrainEngine:
         norm = torch.nn.utils.get_total_norm(grads, foreach=True)
         if self.grad_clip > 0:  # a non-finite norm spoils the grads, but then nothing steps
             torch.nn.utils.clip_grads_with_norm_(self.params, self.grad_clip, norm, foreach=True)
-        return norm
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # sharded: a DTensor
 
     # ----------------------------------------------------------------------- weights, memory
 
     def weight_buckets(self, bucket_bytes: int = 512 << 20) -> Iterator[WeightBucket]:
         """The model's full weights (parameters and buffers of its state dict) as buckets of
         (name, tensor) pairs of at most about `bucket_bytes` each (a larger tensor is a bucket
-        of its own); the tensors are the live ones, not copies."""
+        of its own); the tensors are the live ones, not copies. Sharded (FSDP2): each tensor is
+        gathered in full as its bucket is reached, so every rank must iterate alike."""
         bucket: WeightBucket = []
         size = 0
         for name, tensor in self.model.state_dict().items():
+            if hasattr(tensor, "full_tensor"):  # a DTensor shard: all-gather it
+                tensor = tensor.full_tensor()
             nbytes = tensor.numel() * tensor.element_size()
             if bucket and size + nbytes > bucket_bytes:
                 yield bucket
@@ -599,6 +633,21 @@ class TrainEngine:
 # --------------------------------------------------------------------------- helpers
 
 
+def engine_options(actor: ActorConfig, total_steps: int) -> dict[str, Any]:
+    """The optimizer, schedule and batching options of a training engine from `actor`."""
+    return {
+        "lr": actor.lr,
+        "weight_decay": actor.weight_decay,
+        "warmup_steps": actor.warmup_steps,
+        "lr_scheduler": actor.lr_scheduler,
+        "total_steps": total_steps,
+        "grad_clip": actor.grad_clip,
+        "micro_batch_size": actor.ppo_micro_batch_size,
+        "max_token_len": actor.max_token_len_per_gpu if actor.use_dynamic_bsz else None,
+        "loss_agg_mode": actor.loss_agg_mode,
+    }
+
+
 def _shares(
     response_mask: torch.Tensor, slices: list[slice], mode: str
 ) -> tuple[list[float], list[float]]:
@@ -635,10 +684,14 @@ def _adamw(
     betas: tuple[float, float],
     weight_decay: float,
     device: torch.device,
+    fused: bool = True,
 ) -> torch.optim.AdamW:
-    """AdamW with the fused kernel where this torch supports it on `device`, else foreach."""
+    """AdamW with the fused kernel where this torch supports it on `device` (and `fused`),
+    else foreach."""
     options = {"lr": lr, "betas": betas, "weight_decay": weight_decay}
-    try:
-        return torch.optim.AdamW(params, fused=True, **options)
-    except RuntimeError:
-        return torch.optim.AdamW(params, foreach=True, **options)
+    if fused:
+        try:
+            return torch.optim.AdamW(params, fused=True, **options)
+        except RuntimeError:
+            pass
+    return torch.optim.AdamW(params, foreach=True, **options)

@@ -29,7 +29,7 @@ from rl_core.data.batch import Batch
 from rl_core.data.prompts import decode_rows
 from rl_core.engines import rollout_engine, training_engine
 from rl_core.engines.rollout import SamplingParams, draw_uniforms
-from rl_core.engines.train import ValueHead, split_rows, token_logprobs
+from rl_core.engines.train import TrainEngine, ValueHead, split_rows, token_logprobs
 from rl_core.errors import NonFiniteError, TrainingStopped
 from rl_core.models.loading import load_model_and_tokenizer
 from rl_core.roles.group import Worker
@@ -98,16 +98,38 @@ class ActorWorker(Worker):
         if model is None:
             model, tokenizer = load_policy(spec, model_path, self.device)
         self.model, self.tokenizer = model, tokenizer
+        self.model_path, self.total_steps = model_path, total_steps
         self.sampling = SamplingParams.from_config(spec.rollout)
         self.rollout = rollout_engine(spec.rollout.engine).from_spec(
             self.model, tokenizer, spec.rollout, self.device)
-        self.engine = training_engine(spec.actor.strategy).from_spec(
-            self.model, spec.actor, total_steps, spec.model.dtype, self.device)
         self.loss_fn = policy_loss_fn(spec, self.sampling)
+        self.sharded = spec.actor.strategy == "fsdp2"
+        self.engine = None
+        if not self.sharded:
+            self.engine = training_engine(spec.actor.strategy).from_spec(
+                self.model, spec.actor, total_steps, spec.model.dtype, self.device)
+        elif world_size == 1:  # FSDP2 shards over a process group, even of one rank
+            from rl_core import device as devices
+
+            self.init_distributed(*self.rendezvous(),
+                                  devices.get_kind(spec.resources.device_type).backend)
 
     def init_distributed(self, host: str, port: int, backend: str) -> None:
         super().init_distributed(host, port, backend)
-        self.engine.dp_group = self.dp_group
+        if not self.sharded:
+            self.engine.dp_group = self.dp_group
+            return
+        from rl_core import device as devices
+
+        # The training engine shards its own copy, given on the host; the rollout keeps the full
+        # model, synced from the shards after every update.
+        if self.device.type == "cpu":
+            source = copy.deepcopy(self.model)
+        else:
+            source, _ = load_policy(self.spec, self.model_path, torch.device("cpu"))
+        self.engine = training_engine("fsdp2").from_spec(
+            source, self.spec.actor, self.total_steps, self.spec.model.dtype,
+            devices.device_mesh(self.device, self.world_size))
 
     # ----------------------------------------------------------------------- rollout
 
@@ -147,6 +169,11 @@ class ActorWorker(Worker):
             micro_batch_size=self.spec.rollout.log_prob_micro_batch_size)
         return {"old_logprobs": logprobs.cpu()}
 
+    def old_logprobs(self, columns: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """The `old_logprob` stage on this rank's shard, called on every rank at once (a
+        sharded engine's forward is a collective: it cannot pull chunks from the channel)."""
+        return self.compute("old_logprob", _Rows(columns))["old_logprobs"]
+
     def update(self, minis: list[dict[str, torch.Tensor]], step: int) -> list[dict[str, float]]:
         """One optimizer step per mini-batch shard (this rank's rows of each mini-batch)."""
         self.rollout.free_cache()
@@ -159,6 +186,7 @@ class ActorWorker(Worker):
                     temperature=temperature_of(self.sampling), with_entropy=True))
             except NonFiniteError as exc:
                 raise TrainingStopped(step, str(exc), exc.metrics) from exc
+        out[-1].update(self.sync_rollout())
         return out
 
     def train_step(self, batch: dict[str, Any], loss_fn: Callable,
@@ -166,13 +194,27 @@ class ActorWorker(Worker):
         """A step with another loss (DPO): the engine's `train_step` on this rank's rows."""
         self.rollout.free_cache()
         try:
-            return self.engine.train_step(batch, loss_fn, **dict(options or {}))
+            metrics = self.engine.train_step(batch, loss_fn, **dict(options or {}))
         except NonFiniteError as exc:
             raise TrainingStopped(step, str(exc), exc.metrics) from exc
+        return {**metrics, **self.sync_rollout()}
+
+    def sync_rollout(self) -> dict[str, float]:
+        """A sharded engine's new weights into the rollout's full model, bucket by bucket
+        (`timing/weight_sync`); nothing to do when both share the model."""
+        if not self.sharded:
+            return {}
+        import time
+
+        started = time.perf_counter()
+        self.rollout.load_weights(self.engine.weight_buckets())
+        return {"timing/weight_sync": time.perf_counter() - started}
 
     # ----------------------------------------------------------------------- checkpoints
 
     def save_model(self, path: str) -> None:
+        """The policy as a Hugging Face folder (sharded: the rollout's full copy, which holds
+        the trained weights since the last sync)."""
         if self.rank == 0:
             self.model.save_pretrained(path, safe_serialization=True)
             self.tokenizer.save_pretrained(path)
@@ -183,6 +225,13 @@ class ActorWorker(Worker):
     def load_state(self, state: Mapping[str, Any]) -> None:
         self.engine.load_state_dict(state["engine"])
         set_rng_state(state["rng"])
+
+
+class _Rows:
+    """A shard's columns in the shape of a channel chunk (`chunk.columns`)."""
+
+    def __init__(self, columns: Mapping[str, torch.Tensor]) -> None:
+        self.columns = columns
 
 
 def policy_loss_fn(spec: RunSpec, sampling: SamplingParams) -> Callable:
@@ -336,7 +385,8 @@ class CriticWorker(Worker):
         finally:
             hf_logging.set_verbosity(verbosity)
         critic = spec.critic
-        self.engine = training_engine(spec.actor.strategy)(
+        # the plain engine: a sharded critic is not built (the spec refuses fsdp2 with a critic)
+        self.engine = TrainEngine(
             model, head=ValueHead(), lr=critic.lr, weight_decay=spec.actor.weight_decay,
             warmup_steps=critic.warmup_steps, lr_scheduler="constant", total_steps=total_steps,
             grad_clip=spec.actor.grad_clip, param_dtype=spec.model.dtype, device=self.device,

@@ -383,12 +383,12 @@ def test_each_preset_validates_and_every_device_is_a_data_parallel_replica(algor
 def test_the_cli_exits_2_on_a_value_not_implemented_yet():
     result = subprocess.run(
         [sys.executable, "-m", "rl_core", "spec", "validate",
-         str(ROOT / "examples" / "spec_grpo_minimal.yaml"), "actor.strategy=fsdp2"],
+         str(ROOT / "examples" / "spec_grpo_minimal.yaml"), "rollout.engine=vllm"],
         cwd=ROOT, capture_output=True, text=True, timeout=60,
     )
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.strip() == (
-        "actor.strategy: fsdp2 is not implemented yet (only torch); see docs/run-spec.md"
+        "rollout.engine: vllm is not implemented yet (only native); see docs/run-spec.md"
     )
 
 
@@ -415,3 +415,19 @@ def test_the_form_says_a_refused_field_is_not_implemented_yet():
         assert fields[path].help.startswith(_marker(path)), fields[path].help
     marked = [path for path, f in fields.items() if "not implemented yet" in f.help.lower()]
     assert sorted(marked) == sorted(NOT_IMPLEMENTED)
+
+
+def test_fsdp2_trains_the_actor_but_not_yet_a_critic():
+    raw = {"algorithm": "grpo", **MINIMAL, "resources": {"devices_per_node": 2}}
+    spec = resolve_spec(raw, ["data.train_batch_size=8", "actor.ppo_mini_batch_size=4",
+                              "actor.strategy=fsdp2"])
+    assert spec.actor.strategy == "fsdp2"
+    with pytest.raises(SpecError) as caught:
+        resolve_spec({**raw, "algorithm": "ppo"}, ["data.train_batch_size=8",
+                                                   "actor.ppo_mini_batch_size=4",
+                                                   "actor.strategy=fsdp2"])
+    assert caught.value.errors == [{
+        "field": "actor.strategy",
+        "message": "fsdp2 with a critic (critic.enable, PPO) is not implemented yet: use "
+                   "actor.strategy=torch for PPO"}]
+

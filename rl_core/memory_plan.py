@@ -1,0 +1,931 @@
+"""The memory plan of a run: bytes per device of every part of it, before anything starts.
+
+    shape = shape_of(spec)                       # config.json, a tiny preset or a known model
+    result = plan(spec, shape)                   # device memory from the spec's device kind
+    print(format_table(result))                  # or result.to_dict() for the API
+    python -m rl_core plan SPEC.yaml [KEY=VALUE ...] [--device-memory-gb 64] [--json]
+
+This module imports only the standard library, the spec and the tiny-model presets (the web
+process plans a submission without torch). Every figure is bytes per device: a data-parallel
+rank of each role, all roles colocated on the same devices as `rl_core.roles.cluster` places
+them. Sizes are in GiB (2**30 bytes), the unit in which npu-smi and nvidia-smi report device
+memory; "GB" in the device tables below means the same.
+
+What each engine keeps (P parameters, D = `spec.data_parallel_size` devices, b the bytes of
+`model.dtype`):
+
+- `actor.strategy: torch` keeps the parameters in `model.dtype` (P·b), gradients in the same
+  dtype during the update (P·b) and AdamW's two moments in the parameter dtype too (2·P·b:
+  `torch.optim.AdamW` allocates them like the parameter). There is no float32 master copy. With
+  more than one rank the gradients are summed through one flattened copy (P·b) before the step.
+- `actor.strategy: fsdp2` keeps float32 master parameters, float32 gradients and two float32
+  moments, each sharded over the D ranks (4·P/D, 4·P/D, 8·P/D), and computes in `model.dtype`:
+  the layer being run and the next one are gathered in full (2 layers·b), the root (embeddings,
+  final norm, output head) stays gathered from forward to backward, and each layer's gradient
+  is reduced in float32. The engine shards a copy of the model held on the host: it is loaded
+  there in `model.dtype` and cast to float32 (P·(b + 4) of host memory until sharding ends),
+  and `fully_shard` moves each unit (a decoder layer, then the root) to the device as it shards
+  it. At load the device holds the rollout's full model (P·b), the shards made so far and the
+  float32 unit being sharded (the larger of a layer and the root). Generation needs the full
+  weights (P·b).
+- `actor.offload.param` (fsdp2): the shards of parameters, gradients and moments stay in host
+  memory and the optimizer steps there; only the gathered layers come to the device.
+  `actor.offload.optimizer`: the moments wait in host memory and come back for the step. The
+  plain engine needs its parameters on the device in every phase, so offloading them saves
+  nothing there.
+- The reference keeps only parameters (P·b); with `reference.offload` they wait in host memory
+  and come to the device for its log-prob stage. The critic (PPO) is the policy's body under a
+  one-output head and keeps parameters, gradients and moments like the actor (same strategy,
+  no offload, no gradient checkpointing: the critic loads without it).
+
+Phases. Memory is added up per phase, and the peak is the largest phase: `load` (roles build
+their models), `rollout` (native generation: static KV cache, the fast decoder's packed
+weights), `log-probs` (the reference, old log-probs and values stages run at once),
+`backward` (actor and critic updates run at once) and `step` (gradient reduction and AdamW).
+
+Activations (bytes per token of a micro-batch, per decoder layer) follow Korthikanti et al.,
+"Reducing Activation Recomputation in Large Transformer Models" (2022), whose GPT count is
+s·b·h·(34 + 5·a·s/h) with 16-bit activations. Adapted to Llama/Qwen decoders with the sdpa
+attention of transformers (no s×s attention matrix is stored; no dropout), with b the
+activation bytes, h the hidden size, q the query width (heads × head_dim) and I the MLP width:
+
+    2·(4 + b)·h     two RMSNorms: the float32 upcast of the input and the normalised output
+    5·b·q           attention: q, k, v (repeated to every head), the attention output and the
+                    output projection's input
+    4·b·I           SwiGLU MLP: gate output, SiLU output, up output, their product
+
+(b = 2: 12h + 10q + 8I, against the paper's 34h for h = q and I = 4h with dropout and
+LayerNorm.) `eager` attention adds the paper's s² term a·s·(4 + b) per token. With gradient
+checkpointing each layer keeps only its input (b·h) and one layer is recomputed in full during
+backward. On top: the final norm and the output head's input ((4 + 2b)·h) and the gradients in
+flight through the layer being back-propagated (b·(2h + 2I)). Micro-batches are counted with
+sequences at full length (max_prompt_length + max_new_tokens); with `actor.use_dynamic_bsz` a
+micro-batch holds `max_token_len_per_gpu // length` such rows.
+
+Logits of a micro-batch: rows × response length × vocabulary elements, once in `model.dtype`
+from the output head and as float32 for the log-softmax: two float32 copies in a forward
+without gradients (the upcast logits and the log-sum-exp's temporary), three in training (plus
+the float32 gradient); two more with an entropy bonus.
+
+Not counted: the runtime context of each process, the allocator's fragmentation and the
+communication buffers. A plan fits when its peak stays within (1 - HEADROOM_FRACTION) of the
+device's memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rl_core.errors import EXIT_INPUT, InputError
+from rl_core.models.presets import TINY_PREFIX, get_size  # torch-free
+from rl_core.spec import RunSpec, load_spec
+
+GIB = 2**30
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+PHASES = ("load", "rollout", "log-probs", "backward", "step")
+TRAINED = PHASES[1:]  # phases after the first optimizer step has made the moments
+HEADROOM_FRACTION = 0.10  # kept free for runtime contexts, fragmentation and collectives
+
+# Device memory in GB (GiB, as the device tools report it) by the device models of the
+# platform's inventory (`platform.clusters.choices.DeviceType`). A 910C package holds two dies
+# of 64 GB that the runtime shows as two devices: memory and `resources.devices_per_node` count
+# dies. A CPU has no device memory: no verdict without an explicit size.
+DEVICE_MEMORY_GB: dict[str, float | None] = {
+    "ascend-910b": 64,
+    "ascend-910c": 64,  # per die (the package: 128 GB over two devices)
+    "nvidia-a100": 80,
+    "nvidia-a100-40gb": 40,
+    "nvidia-h100": 80,
+    "nvidia-h200": 141,
+    "cpu": None,
+}
+# The device model assumed for a device kind when nothing else says: the dispatcher assumes
+# a 910B for an NPU node without an `npu_model` label; a GPU's model is not guessed.
+DEFAULT_DEVICE_MODEL = {"npu": "ascend-910b", "gpu": None, "cpu": "cpu"}
+DEVICE_NOUN = {"npu": "NPU", "gpu": "GPU", "cpu": "device"}
+
+# The tiny models' byte vocabulary: 256 bytes, 3 special tokens and 4 format tags
+# (`len(rl_core.models.tokenizer.VOCAB)`, which imports the tokenizers library).
+TINY_VOCAB_SIZE = 263
+# The fast decoder's static cache rounds its length up to this (`_StaticCache.ROUND`).
+KV_LENGTH_ROUND = 64
+
+
+# --------------------------------------------------------------------------- model shape
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The sizes of a Llama/Qwen-style decoder that memory depends on (config.json names).
+
+    `head_dim` defaults to hidden_size / num_attention_heads; `qkv_bias` is Qwen2's bias on the
+    q, k, v projections (Llama's `attention_bias` adds `o_bias` on the output projection too);
+    `qk_norm` is Qwen3's RMSNorm on each head of q and k.
+    """
+
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    vocab_size: int
+    tie_word_embeddings: bool
+    max_position_embeddings: int | None = None
+    head_dim: int | None = None
+    qkv_bias: bool = False
+    o_bias: bool = False
+    qk_norm: bool = False
+    mlp_bias: bool = False
+    model_type: str = "llama"
+
+    @property
+    def head_size(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    @property
+    def q_width(self) -> int:
+        """Width of the query projection: heads × head_dim (not always hidden_size)."""
+        return self.num_attention_heads * self.head_size
+
+    @property
+    def kv_width(self) -> int:
+        """Width of the key (and of the value) projection: kv heads × head_dim."""
+        return self.num_key_value_heads * self.head_size
+
+    @property
+    def layer_parameters(self) -> int:
+        """Parameters of one decoder layer: q/k/v/o, gate/up/down, two RMSNorms (+ biases)."""
+        h, q, kv, inter = self.hidden_size, self.q_width, self.kv_width, self.intermediate_size
+        attention = h * (q + 2 * kv) + q * h
+        attention += (q + 2 * kv) if self.qkv_bias else 0
+        attention += h if self.o_bias else 0
+        attention += 2 * self.head_size if self.qk_norm else 0
+        mlp = 3 * h * inter + ((2 * inter + h) if self.mlp_bias else 0)
+        return attention + mlp + 2 * h
+
+    @property
+    def embedding_parameters(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    @property
+    def root_parameters(self) -> int:
+        """Parameters outside the decoder layers: embeddings, final norm, output head."""
+        head = 0 if self.tie_word_embeddings else self.embedding_parameters
+        return self.embedding_parameters + self.hidden_size + head
+
+    @property
+    def parameters(self) -> int:
+        """Distinct parameters of the causal LM (tied embeddings counted once)."""
+        return self.num_hidden_layers * self.layer_parameters + self.root_parameters
+
+    @property
+    def critic_parameters(self) -> int:
+        """The value model: the same body without the output head, with a (hidden → 1) score
+        layer and its bias (a token classifier with one label)."""
+        return self.num_hidden_layers * self.layer_parameters + self.critic_root_parameters
+
+    @property
+    def critic_root_parameters(self) -> int:
+        return self.embedding_parameters + self.hidden_size + self.hidden_size + 1
+
+    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
+        """KV-cache bytes of one token: keys and values of every layer."""
+        return 2 * self.num_hidden_layers * self.kv_width * dtype_bytes
+
+
+def _qwen2(h, inter, layers, heads, kv, vocab, tied, positions) -> ModelShape:
+    return ModelShape(h, inter, layers, heads, kv, vocab, tied, positions, qkv_bias=True,
+                      model_type="qwen2")
+
+
+def _qwen3(h, inter, layers, heads, kv, tied) -> ModelShape:
+    return ModelShape(h, inter, layers, heads, kv, 151936, tied, 40960, head_dim=128,
+                      qk_norm=True, model_type="qwen3")
+
+
+def _llama(h, inter, layers, heads, kv, tied, head_dim=None) -> ModelShape:
+    return ModelShape(h, inter, layers, heads, kv, 128256, tied, 131072, head_dim=head_dim)
+
+
+# The config.json values of common models, for when their folder cannot be read here (the web
+# process plans a submission for a cluster's file system). From the models' config.json on the
+# Hugging Face hub (hidden, intermediate, layers, heads, kv heads, vocabulary, tied, positions);
+# published sizes in the comments. Instruct variants share their base model's shape.
+_BASE_SHAPES: dict[str, ModelShape] = {
+    "Qwen/Qwen2.5-0.5B": _qwen2(896, 4864, 24, 14, 2, 151936, True, 32768),  # 0.49B
+    "Qwen/Qwen2.5-1.5B": _qwen2(1536, 8960, 28, 12, 2, 151936, True, 32768),  # 1.54B
+    "Qwen/Qwen2.5-3B": _qwen2(2048, 11008, 36, 16, 2, 151936, True, 32768),  # 3.09B
+    "Qwen/Qwen2.5-7B": _qwen2(3584, 18944, 28, 28, 4, 152064, False, 32768),  # 7.61B
+    "Qwen/Qwen2.5-14B": _qwen2(5120, 13824, 48, 40, 8, 152064, False, 32768),  # 14.7B
+    "Qwen/Qwen2.5-32B": _qwen2(5120, 27648, 64, 40, 8, 152064, False, 32768),  # 32.5B
+    "Qwen/Qwen2.5-72B": _qwen2(8192, 29568, 80, 64, 8, 152064, False, 32768),  # 72.7B
+    "Qwen/Qwen3-0.6B": _qwen3(1024, 3072, 28, 16, 8, True),  # 0.6B
+    "Qwen/Qwen3-1.7B": _qwen3(2048, 6144, 28, 16, 8, True),  # 1.7B
+    "Qwen/Qwen3-4B": _qwen3(2560, 9728, 36, 32, 8, True),  # 4.0B
+    "Qwen/Qwen3-8B": _qwen3(4096, 12288, 36, 32, 8, False),  # 8.2B
+    "Qwen/Qwen3-14B": _qwen3(5120, 17408, 40, 40, 8, False),  # 14.8B
+    "Qwen/Qwen3-32B": _qwen3(5120, 25600, 64, 64, 8, False),  # 32.8B
+    "meta-llama/Llama-3.1-8B": _llama(4096, 14336, 32, 32, 8, False),  # 8.03B
+    "meta-llama/Llama-3.1-70B": _llama(8192, 28672, 80, 64, 8, False),  # 70.6B
+    "meta-llama/Llama-3.2-1B": _llama(2048, 8192, 16, 32, 8, True, head_dim=64),  # 1.24B
+    "meta-llama/Llama-3.2-3B": _llama(3072, 8192, 28, 24, 8, True, head_dim=128),  # 3.21B
+}
+
+
+def _with_variants(shapes: Mapping[str, ModelShape]) -> dict[str, ModelShape]:
+    """Base names plus their -Instruct (and Qwen3 -Base, Meta-Llama-) spellings."""
+    out: dict[str, ModelShape] = {}
+    for name, shape in shapes.items():
+        org, model = name.split("/")
+        out[name] = out[f"{org}/{model}-Instruct"] = shape
+        if model.startswith("Qwen3-"):
+            out[f"{org}/{model}-Base"] = shape
+        if model.startswith("Llama-3.1-"):
+            out[f"{org}/Meta-{model}"] = out[f"{org}/Meta-{model}-Instruct"] = shape
+    return out
+
+
+KNOWN_SHAPES: dict[str, ModelShape] = _with_variants(_BASE_SHAPES)
+
+
+def known_shape(name: str) -> ModelShape | None:
+    """The shape of a known model by its hub name or its folder's last part, any case."""
+    wanted = name.rstrip("/").lower()
+    last = wanted.rsplit("/", 1)[-1]
+    for key, shape in KNOWN_SHAPES.items():
+        if key.lower() == wanted or key.lower().rsplit("/", 1)[-1] == last:
+            return shape
+    return None
+
+
+def shape_from_config(config: Mapping[str, Any], source: str = "config.json") -> ModelShape:
+    """The shape in a Hugging Face config.json mapping (a multimodal model's `text_config`).
+
+    An InputError naming `source` when a size is missing or the model is a mixture of experts.
+    """
+    if "hidden_size" not in config and isinstance(config.get("text_config"), Mapping):
+        config = config["text_config"]
+    experts = config.get("num_experts") or config.get("n_routed_experts")
+    if experts:
+        raise InputError(f"{source}: a mixture-of-experts model ({experts} experts), which the "
+                         "memory plan does not cover; plan a dense model")
+    missing = [k for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
+                           "num_attention_heads", "vocab_size") if not config.get(k)]
+    if missing:
+        raise InputError(f"{source}: no {', '.join(missing)}: not a Llama/Qwen-style decoder "
+                         "config; point model.path at a causal LM folder")
+    model_type = str(config.get("model_type", "llama"))
+    attention_bias = bool(config.get("attention_bias", False))  # Llama: q, k, v and o
+    return ModelShape(
+        hidden_size=int(config["hidden_size"]),
+        intermediate_size=int(config["intermediate_size"]),
+        num_hidden_layers=int(config["num_hidden_layers"]),
+        num_attention_heads=int(config["num_attention_heads"]),
+        num_key_value_heads=int(config.get("num_key_value_heads")
+                                or config["num_attention_heads"]),
+        vocab_size=int(config["vocab_size"]),
+        # Qwen2, Qwen3 and Llama configs default to untied embeddings
+        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+        max_position_embeddings=config.get("max_position_embeddings"),
+        head_dim=config.get("head_dim"),
+        qkv_bias=model_type == "qwen2" or attention_bias,
+        o_bias=attention_bias,
+        qk_norm=model_type.startswith("qwen3"),
+        mlp_bias=bool(config.get("mlp_bias", False)),
+        model_type=model_type,
+    )
+
+
+def tiny_shape(size: str) -> ModelShape:
+    """The shape of the built-in `tiny:<size>` model (ValueError for an unknown size)."""
+    preset = get_size(size)
+    return ModelShape(preset.hidden_size, preset.intermediate_size, preset.num_hidden_layers,
+                      preset.num_attention_heads, preset.num_key_value_heads, TINY_VOCAB_SIZE,
+                      True, preset.max_position_embeddings, qkv_bias=True, model_type="qwen2")
+
+
+def shape_of(spec: RunSpec) -> ModelShape:
+    """The policy's shape: the tiny preset for `tiny:<size>`, config.json of `model.path` when
+    it is readable here, else the built-in figures of a known model name; an InputError naming
+    `model.path` otherwise."""
+    path = spec.model.path
+    if path.startswith(TINY_PREFIX):
+        try:
+            return tiny_shape(path[len(TINY_PREFIX):])
+        except ValueError as exc:
+            raise InputError(f"model.path: {exc}") from None
+    config = Path(path).expanduser() / "config.json"
+    if config.is_file():
+        return shape_from_config(_read_json(config), f"model.path: {config}")
+    shape = known_shape(path)
+    if shape is None:
+        raise InputError(
+            f"model.path: cannot read {config} here and {Path(path).name!r} is not a known model; "
+            "point model.path at a Hugging Face folder with config.json, or name one of: "
+            + ", ".join(_BASE_SHAPES))
+    return shape
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise InputError(f"model.path: cannot read {path}: {exc}") from None
+
+
+# --------------------------------------------------------------------------- run setup
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What memory depends on in a spec, flattened so an alternative can change one thing.
+
+    `devices` is the data-parallel size fsdp2 shards over. `*_rows` are responses per device in
+    one forward: the actor's training micro-batch, its old log-prob pass, the reference's and
+    the critic's (None: that stage does not run). `rollout_prompts` and `rollout_rows` are the
+    prompts and response rows one device generates at once (training or validation batch).
+    """
+
+    dtype: str
+    strategy: str
+    devices: int
+    gradient_checkpointing: bool
+    offload_param: bool
+    offload_optimizer: bool
+    prompt_len: int
+    response_len: int
+    train_rows: int
+    old_logprob_rows: int | None
+    reference_rows: int | None
+    reference_offload: bool
+    critic_rows: int | None
+    rollout_prompts: int
+    rollout_rows: int
+    entropy: bool
+    cache_float32: bool
+    device_type: str
+    dynamic_bsz: bool
+    attention: str = "sdpa"
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def seq_len(self) -> int:
+        return self.prompt_len + self.response_len
+
+
+def setup_of(spec: RunSpec) -> Setup:
+    """The `Setup` of a resolved spec."""
+    dp, n = spec.data_parallel_size, spec.rollout.n_samples_per_prompt
+    prompts = math.ceil(spec.data.train_batch_size / dp)
+    val_rows = math.ceil(spec.data.val_batch_size / dp)  # greedy: one response per prompt
+    return Setup(
+        dtype=spec.model.dtype, strategy=spec.actor.strategy, devices=dp,
+        gradient_checkpointing=spec.model.gradient_checkpointing,
+        offload_param=spec.actor.offload.param, offload_optimizer=spec.actor.offload.optimizer,
+        prompt_len=spec.data.max_prompt_length, response_len=spec.rollout.max_new_tokens,
+        **_micro_rows(spec, dp), reference_offload=spec.reference.offload,
+        rollout_prompts=max(prompts, val_rows), rollout_rows=max(prompts * n, val_rows),
+        entropy=spec.actor.entropy_coeff > 0,
+        cache_float32=spec.resources.device_type == "cpu" or spec.model.dtype == "float32",
+        device_type=spec.resources.device_type, dynamic_bsz=spec.actor.use_dynamic_bsz,
+    )
+
+
+def _micro_rows(spec: RunSpec, dp: int) -> dict[str, int | None]:
+    """Rows per forward of each stage, as the roles split them; with `use_dynamic_bsz` the
+    actor's token budget holds `max_token_len_per_gpu // length` full-length rows."""
+    actor, n = spec.actor, spec.rollout.n_samples_per_prompt
+    seq = spec.data.max_prompt_length + spec.rollout.max_new_tokens
+    rows = math.ceil(spec.data.train_batch_size / dp) * n  # responses per device per step
+    mini = max(1, actor.ppo_mini_batch_size * n // dp)  # a rank's share of a mini-batch
+    budget = max(1, actor.max_token_len_per_gpu // seq) if actor.use_dynamic_bsz else None
+    train = budget or actor.ppo_micro_batch_size
+    if spec.algorithm == "dpo":  # pairs kept whole
+        train = max(2, actor.ppo_micro_batch_size // 2 * 2)
+    # one pass over one mini-batch is on-policy: no old log-prob stage (as the RL recipe)
+    on_policy = actor.ppo_epochs == 1 and actor.ppo_mini_batch_size >= spec.data.train_batch_size
+    old = budget or spec.rollout.log_prob_micro_batch_size
+    return {
+        "train_rows": min(train, mini),
+        "old_logprob_rows": None if on_policy or spec.algorithm == "dpo" else min(old, rows),
+        "reference_rows": min(spec.reference.log_prob_micro_batch_size, rows)
+        if spec.reference.enable else None,
+        "critic_rows": min(spec.critic.ppo_micro_batch_size, mini) if spec.critic.enable else None,
+    }
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+@dataclass(frozen=True)
+class Component:
+    """One thing held in memory: its bytes per device and the phases it is on the device in
+    (`PHASES`).
+
+    `host`: it lives in host memory outside those phases (offloaded, or fsdp2's host copy).
+    """
+
+    name: str
+    bytes: int
+    phases: tuple[str, ...]
+    note: str = ""
+    host: bool = False
+
+    @property
+    def role(self) -> str:
+        """The role (process) that holds it: actor (rollout included), reference or critic."""
+        first = self.name.split(" ", 1)[0]
+        return "actor" if first == "rollout" else first
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self) | {"phases": list(self.phases), "role": self.role}
+
+
+@dataclass(frozen=True)
+class Alternative:
+    """A change of the spec and the peak it would give.
+
+    `change`: the dotted overrides of this alternative and of those before it; `adds`: the
+    overrides it adds to the one before.
+    """
+
+    change: str
+    adds: str
+    peak_bytes: int
+    peak_phase: str
+    fits: bool | None
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """The memory of a run per device; `fits` is None when the device memory is unknown."""
+
+    model: str
+    parameters: int
+    setup: Setup
+    components: tuple[Component, ...]
+    device_memory_bytes: int | None
+    alternatives: tuple[Alternative, ...] = field(default=())
+
+    def phase_bytes(self, role: str | None = None) -> dict[str, int]:
+        """Device bytes of each phase: all roles, or only `role`'s (what that role's process
+        allocates, e.g. to compare with its `max_memory_allocated`)."""
+        parts = [c for c in self.components if role is None or c.role == role]
+        return {p: sum(c.bytes for c in parts if p in c.phases) for p in PHASES}
+
+    @property
+    def roles(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(c.role for c in self.components))
+
+    @property
+    def peak_phase(self) -> str:
+        totals = self.phase_bytes()
+        return max(PHASES, key=lambda p: totals[p])
+
+    @property
+    def total_bytes(self) -> int:
+        """The peak: device bytes of the largest phase."""
+        return self.phase_bytes()[self.peak_phase]
+
+    @property
+    def host_bytes(self) -> int:
+        """Bytes per device in host memory: the offloaded components and the host copy fsdp2
+        shards from (an upper bound: that copy is freed when sharding ends)."""
+        return sum(c.bytes for c in self.components if c.host)
+
+    @property
+    def usable_bytes(self) -> int | None:
+        if self.device_memory_bytes is None:
+            return None
+        return int(self.device_memory_bytes * (1 - HEADROOM_FRACTION))
+
+    @property
+    def fits(self) -> bool | None:
+        usable = self.usable_bytes
+        return None if usable is None else self.total_bytes <= usable
+
+    @property
+    def message(self) -> str:
+        return _message(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able summary (bytes as integers)."""
+        return {
+            "model": self.model, "parameters": self.parameters,
+            "strategy": self.setup.strategy, "devices": self.setup.devices,
+            "dtype": self.setup.dtype, "setup": dataclasses.asdict(self.setup),
+            "components": [c.to_dict() for c in self.components],
+            "phases": self.phase_bytes(), "peak_phase": self.peak_phase,
+            "roles": {role: self.phase_bytes(role) for role in self.roles},
+            "total_bytes": self.total_bytes, "host_bytes": self.host_bytes,
+            "device_memory_bytes": self.device_memory_bytes, "usable_bytes": self.usable_bytes,
+            "fits": self.fits, "message": self.message,
+            "alternatives": [dataclasses.asdict(a) for a in self.alternatives],
+        }
+
+
+def plan(spec: RunSpec, shape: ModelShape | None = None,
+         device_memory_bytes: int | None = None) -> MemoryPlan:
+    """The memory plan of `spec` (shape: `shape_of(spec)` when not given).
+
+    `device_memory_bytes`: memory of one device; None takes the spec's device kind from
+    `DEVICE_MEMORY_GB` (an NPU counts as a 910B; GPU and CPU: unknown, no verdict).
+    When the plan does not fit, the alternatives are computed and the message names the first
+    that fits.
+    """
+    shape = shape or shape_of(spec)
+    if device_memory_bytes is None:
+        device_memory_bytes = device_memory_of(spec.resources.device_type)
+    return plan_setup(setup_of(spec), shape, device_memory_bytes, spec.model.path)
+
+
+def plan_setup(setup: Setup, shape: ModelShape, device_memory_bytes: int | None,
+               model: str = "") -> MemoryPlan:
+    """The plan of a `Setup` (what `plan` does after reading the spec)."""
+    result = MemoryPlan(model, shape.parameters, setup, tuple(components(setup, shape)),
+                        device_memory_bytes)
+    if result.fits is False:
+        result = dataclasses.replace(result, alternatives=tuple(
+            _alternatives(setup, shape, device_memory_bytes)))
+    return result
+
+
+def components(s: Setup, shape: ModelShape) -> list[Component]:
+    """Every component of the run, role by role."""
+    parts = _actor_state(s, shape) + _rollout(s, shape) + _actor_passes(s, shape)
+    parts += _reference(s, shape)
+    if s.critic_rows is not None:
+        parts += _critic(s, shape)
+    return [c for c in parts if c.bytes > 0]
+
+
+# --------------------------------------------------------------------------- training state
+
+
+def _train_state(role: str, params: int, root: int, layer: int, s: Setup,
+                 offload_param: bool = False, offload_optimizer: bool = False) -> list[Component]:
+    """Parameters, gradients, AdamW moments and the engine's own buffers of a trained model."""
+    if s.strategy == "fsdp2":
+        return _fsdp2_state(role, params, root, layer, s, offload_param, offload_optimizer)
+    return _torch_state(role, params, s, offload_optimizer)
+
+
+def _torch_state(role: str, params: int, s: Setup, offload_optimizer: bool) -> list[Component]:
+    b, dtype = s.dtype_bytes, s.dtype
+    moments = (TRAINED, False) if not offload_optimizer else (("step",), True)
+    parts = [
+        Component(f"{role} parameters", params * b, PHASES, f"{dtype}, a full copy per device"),
+        Component(f"{role} gradients", params * b, ("backward", "step"), dtype),
+        Component(f"{role} AdamW moments", 2 * params * b, moments[0],
+                  f"exp_avg, exp_avg_sq in {dtype} (no float32 master copy)", moments[1]),
+    ]
+    if s.devices > 1:
+        parts.append(Component(f"{role} gradient all-reduce", params * b, ("step",),
+                               "the flattened gradients summed over the ranks"))
+    return parts
+
+
+def _fsdp2_state(role: str, params: int, root: int, layer: int, s: Setup, offload_param: bool,
+                 offload_optimizer: bool) -> list[Component]:
+    b, shard = s.dtype_bytes, math.ceil(params / s.devices) * 4
+    where = ((), True) if offload_param else (PHASES, False)  # made at load
+    moments = (((), True) if offload_param else (TRAINED, False) if not offload_optimizer
+               else (("step",), True))  # made by the first step
+    over = f"float32, 1/{s.devices} per device"
+    return [
+        Component(f"{role} host copy before sharding", params * (b + 4 if b < 4 else 4), (),
+                  f"on the host during load: loaded in {s.dtype}, cast to float32", True),
+        Component(f"{role} unit being sharded", max(root, layer) * 4, ("load",),
+                  "the largest unit (a layer or the root) in float32, moved to be sharded"),
+        Component(f"{role} parameter shards", shard, where[0], f"master weights, {over}",
+                  where[1]),
+        Component(f"{role} gradient shards", shard, ("backward", "step") if not offload_param
+                  else (), over, offload_param),
+        Component(f"{role} AdamW moments", 2 * shard, moments[0], f"exp_avg, exp_avg_sq, {over}",
+                  moments[1]),
+        Component(f"{role} AdamW step temporary", 0 if offload_param else shard, ("step",),
+                  "one moment-sized buffer of the foreach step"),
+        Component(f"{role} gathered layers", (root + 2 * layer) * b, ("backward",),
+                  f"root + the running and the next layer, {s.dtype}"),
+        Component(f"{role} unsharded gradients", (root + layer) * b + layer * 4, ("backward",),
+                  "the root's and one layer's, reduced in float32"),
+        Component(f"{role} root gradient reduce", root * (b + 4), ("step",),
+                  "the root's gradients, upcast to float32 at the end of backward"),
+    ]
+
+
+def _actor_state(s: Setup, shape: ModelShape) -> list[Component]:
+    return _train_state("actor", shape.parameters, shape.root_parameters,
+                        shape.layer_parameters, s, s.offload_param, s.offload_optimizer)
+
+
+# --------------------------------------------------------------------------- rollout
+
+
+def _rollout(s: Setup, shape: ModelShape) -> list[Component]:
+    """The native rollout: full weights (fsdp2), the fast decoder's rearranged weights, the
+    static KV cache and its compaction copy, the prefill and the sampling logits."""
+    b, h, inter = s.dtype_bytes, shape.hidden_size, shape.intermediate_size
+    fused = shape.q_width + 2 * shape.kv_width + 2 * inter  # q/k/v and gate/up outputs
+    cache = _kv_cache_bytes(s, shape)
+    rows, kept = s.rollout_rows, s.rollout_rows - s.rollout_rows // 4
+    prefill = s.rollout_prompts * s.prompt_len * (fused + inter + 2 * h) * b
+    full = shape.parameters * b if s.strategy == "fsdp2" else 0
+    return [
+        Component("rollout full weights", full, PHASES,
+                  f"the rollout's own model in {s.dtype}, synced from the shards; it stays on "
+                  "the device through every phase (nothing offloads it yet)"),
+        Component("rollout packed weights", shape.num_hidden_layers * (h + 1) * fused * b,
+                  ("rollout",), "q/k/v and gate/up concatenated with the norms folded in"),
+        Component("rollout float32 head", shape.vocab_size * h * 4, ("rollout",),
+                  "the output head with the final norm folded in"),
+        Component("rollout KV cache", cache, ("rollout",),
+                  f"{rows} rows x {_kv_length(s)} tokens"),
+        Component("rollout KV compaction copy", cache * kept // max(rows, 1), ("rollout",),
+                  f"the {kept} running rows copied when a quarter has stopped"),
+        Component("rollout prefill", prefill, ("rollout",),
+                  f"{s.rollout_prompts} prompts x {s.prompt_len} tokens, one layer"),
+        Component("rollout sampling logits", rows * shape.vocab_size * 16, ("rollout",),
+                  "float32 logits, probabilities and the top-p/top-k sort"),
+    ]
+
+
+def _kv_length(s: Setup) -> int:
+    return -(-s.seq_len // KV_LENGTH_ROUND) * KV_LENGTH_ROUND
+
+
+def _kv_cache_bytes(s: Setup, shape: ModelShape) -> int:
+    """Keys and values of every layer: rows x length x 2 x layers x kv heads x head_dim."""
+    cache_bytes = 4 if s.cache_float32 else s.dtype_bytes
+    return s.rollout_rows * _kv_length(s) * shape.kv_bytes_per_token(cache_bytes)
+
+
+# --------------------------------------------------------------------------- forward passes
+
+
+def activation_bytes_per_token(shape: ModelShape, dtype_bytes: int, checkpointing: bool,
+                               seq_len: int = 0, attention: str = "sdpa") -> int:
+    """Activation bytes one token of a training micro-batch keeps for backward (all layers;
+    the formula is in the module docstring). `seq_len` matters for `eager` attention only."""
+    b, h, inter = dtype_bytes, shape.hidden_size, shape.intermediate_size
+    layer = 2 * (4 + b) * h + 5 * b * shape.q_width + 4 * b * inter
+    if shape.qk_norm:
+        layer += (4 + b) * (shape.q_width + shape.kv_width)
+    if attention == "eager":
+        layer += shape.num_attention_heads * seq_len * (4 + b)
+    layers = shape.num_hidden_layers
+    kept = layers * b * h + layer if checkpointing else layers * layer
+    return kept + (4 + 2 * b) * h + b * (2 * h + 2 * inter)
+
+
+def forward_bytes_per_token(shape: ModelShape, dtype_bytes: int) -> int:
+    """Working bytes per token of a forward without gradients: one layer's intermediates."""
+    h, inter = shape.hidden_size, shape.intermediate_size
+    fused = shape.q_width + 2 * shape.kv_width + 2 * inter
+    return dtype_bytes * (fused + inter + 2 * h) + 4 * h
+
+
+def logits_bytes(rows: int, response_len: int, vocab: int, dtype_bytes: int, training: bool,
+                 entropy: bool = False) -> int:
+    """Logits of a micro-batch: once in the model's dtype, float32 copies for the log-softmax
+    (two without gradients, three in training; two more with entropy)."""
+    copies = (3 if training else 2) + (2 if entropy else 0)
+    return rows * response_len * vocab * (dtype_bytes + 4 * copies)
+
+
+def _actor_passes(s: Setup, shape: ModelShape) -> list[Component]:
+    """The actor's training micro-batch and its old log-prob forward."""
+    b, seq, vocab = s.dtype_bytes, s.seq_len, shape.vocab_size
+    per_token = activation_bytes_per_token(shape, b, s.gradient_checkpointing, seq, s.attention)
+    how = "checkpointed" if s.gradient_checkpointing else "all layers kept"
+    parts = [
+        Component("actor activations", s.train_rows * seq * per_token, ("backward",),
+                  f"{s.train_rows} rows x {seq} tokens, {how}"),
+        Component("actor logits", logits_bytes(s.train_rows, s.response_len, vocab, b, True,
+                                                s.entropy), ("backward",),
+                  f"{s.train_rows} rows x {s.response_len} x {vocab}"),
+    ]
+    if s.old_logprob_rows is not None:
+        parts += _forward("actor old log-probs", s.old_logprob_rows, s, shape, vocab)
+        if s.strategy == "fsdp2":
+            parts.append(Component("actor gathered layers (log-probs)",
+                                   (shape.root_parameters + 2 * shape.layer_parameters) * b,
+                                   ("log-probs",), "root + two layers"))
+    return parts
+
+
+def _forward(name: str, rows: int, s: Setup, shape: ModelShape, vocab: int) -> list[Component]:
+    """A forward without gradients over `rows` sequences: working set and logits."""
+    tokens, b = rows * s.seq_len, s.dtype_bytes
+    return [
+        Component(f"{name} forward", tokens * forward_bytes_per_token(shape, b),
+                  ("log-probs",), f"{rows} rows x {s.seq_len} tokens, one layer at a time"),
+        Component(f"{name} logits", logits_bytes(rows, s.response_len, vocab, b, False)
+                  if vocab > 1 else rows * s.response_len * 4, ("log-probs",)),
+    ]
+
+
+# --------------------------------------------------------------------------- other roles
+
+
+def _reference(s: Setup, shape: ModelShape) -> list[Component]:
+    if s.reference_rows is None:
+        return []
+    phases = ("log-probs",) if s.reference_offload else PHASES
+    where = "host memory outside its stage" if s.reference_offload else "on the device"
+    params = Component("reference parameters", shape.parameters * s.dtype_bytes, phases,
+                       f"{s.dtype}, {where}", s.reference_offload)
+    return [params, *_forward("reference", s.reference_rows, s, shape, shape.vocab_size)]
+
+
+def _critic(s: Setup, shape: ModelShape) -> list[Component]:
+    """The critic: its own training state, an update without checkpointing, a values forward."""
+    rows, seq = s.critic_rows or 0, s.seq_len
+    per_token = activation_bytes_per_token(shape, s.dtype_bytes, False, seq, s.attention)
+    state = _train_state("critic", shape.critic_parameters, shape.critic_root_parameters,
+                         shape.layer_parameters, s)
+    update = Component("critic activations", rows * seq * per_token, ("backward",),
+                       f"{rows} rows x {seq} tokens, all layers kept")
+    return [*state, update, *_forward("critic values", rows, s, shape, 1)]
+
+
+# --------------------------------------------------------------------------- alternatives
+
+
+def _alternatives(s: Setup, shape: ModelShape, memory: int | None) -> list[Alternative]:
+    """Cumulative changes, cheapest first: fsdp2 at this device count, gradient checkpointing,
+    micro-batches of one sequence, offload; each with its peak."""
+    steps, changes, current = [], [], s
+    for change, updated in _changes(s):
+        current, changes = dataclasses.replace(current, **updated), [*changes, change]
+        peak = MemoryPlan("", 0, current, tuple(components(current, shape)), memory)
+        steps.append(Alternative(" ".join(changes), change, peak.total_bytes, peak.peak_phase,
+                                 peak.fits))
+    return steps
+
+
+def _changes(s: Setup) -> Iterable[tuple[str, dict[str, Any]]]:
+    sharded = s.strategy == "fsdp2" or s.devices > 1  # fsdp2 comes first when it can
+    if s.strategy == "torch" and s.devices > 1:
+        yield "actor.strategy=fsdp2", {"strategy": "fsdp2"}
+    if not s.gradient_checkpointing:
+        yield "model.gradient_checkpointing=true", {"gradient_checkpointing": True}
+    smaller = _one_row_micro_batches(s)
+    if smaller:
+        yield smaller
+    texts, fields = [], {}
+    if sharded and not s.offload_param:
+        texts.append("actor.offload.param=true")
+        fields["offload_param"] = True
+    if not s.offload_optimizer:
+        texts.append("actor.offload.optimizer=true")
+        fields["offload_optimizer"] = True
+    if s.reference_rows is not None and not s.reference_offload:
+        texts.append("reference.offload=true")
+        fields["reference_offload"] = True
+    if fields:
+        yield " ".join(texts), fields
+
+
+def _one_row_micro_batches(s: Setup) -> tuple[str, dict[str, Any]] | None:
+    """Every micro-batch one sequence: the overrides and the Setup fields."""
+    texts, fields = [], {}
+    if s.train_rows > 1:
+        texts.append(f"actor.max_token_len_per_gpu={s.seq_len}" if s.dynamic_bsz
+                     else "actor.ppo_micro_batch_size=1")
+        fields["train_rows"] = 1
+    for name, key, rows in (("rollout", "old_logprob_rows", s.old_logprob_rows),
+                            ("reference", "reference_rows", s.reference_rows),
+                            ("critic", "critic_rows", s.critic_rows)):
+        if rows is not None and rows > 1:
+            fields[key] = 1
+            if not (name == "rollout" and s.dynamic_bsz):
+                texts.append(f"{name}.{_MICRO_KEYS[name]}=1")
+    return (" ".join(texts), fields) if fields else None
+
+
+_MICRO_KEYS = {"rollout": "log_prob_micro_batch_size", "reference": "log_prob_micro_batch_size",
+               "critic": "ppo_micro_batch_size"}
+
+
+# --------------------------------------------------------------------------- text
+
+
+def gib(n: int | float) -> str:
+    """Bytes as GiB with one decimal ("41.2")."""
+    return f"{n / GIB:.1f}"
+
+
+def _unit(p: MemoryPlan) -> tuple[str, int]:
+    """GiB, or MiB for a plan whose peak is under one GiB (the tiny models)."""
+    return ("GiB", GIB) if p.total_bytes >= GIB else ("MiB", 2**20)
+
+
+def _size(n: int | None, unit: tuple[str, int]) -> str:
+    return f"{(n or 0) / unit[1]:.1f}"
+
+
+def _noun(s: Setup) -> str:
+    return DEVICE_NOUN.get(s.device_type, "device")
+
+
+def _message(p: MemoryPlan) -> str:
+    unit = _unit(p)
+    noun, peak = _noun(p.setup), f"{_size(p.total_bytes, unit)} {unit[0]} in {p.peak_phase}"
+    if p.device_memory_bytes is None:
+        return f"needs {peak} per {noun}; device memory unknown (give --device-memory-gb N)"
+    of = (f"{_size(p.usable_bytes, unit)} usable of {_size(p.device_memory_bytes, unit)} "
+          f"{unit[0]} per {noun}")
+    if p.fits:
+        return f"fits: {peak}, {of}"
+    first = next((a for a in p.alternatives if a.fits), None)
+    if first is not None:
+        return (f"does not fit: {peak}, {of}; with {first.change} it needs "
+                f"{_size(first.peak_bytes, unit)} {unit[0]} in {first.peak_phase}")
+    if p.alternatives:
+        last = p.alternatives[-1]
+        return (f"does not fit: {peak}, {of}; even with {last.change} it needs "
+                f"{_size(last.peak_bytes, unit)} {unit[0]} in {last.peak_phase}: use more or "
+                "larger devices")
+    return f"does not fit: {peak}, {of}: use more or larger devices"
+
+
+def format_table(p: MemoryPlan) -> str:
+    """The plan as a fixed-width table (per device, one column per phase) and the verdict."""
+    s, unit = p.setup, _unit(p)
+    lines = [f"memory plan of {p.model or 'the run'}: {_count(p.parameters)} parameters, "
+             f"{s.dtype}, actor.strategy={s.strategy} over {s.devices} {_noun(s)}(s)",
+             _row(f"{unit[0]} per device", [*PHASES, "host"])]
+    for c in p.components:
+        cells = [_size(c.bytes, unit) if phase in c.phases else "" for phase in PHASES]
+        lines.append(_row(c.name, [*cells, _size(c.bytes, unit) if c.host else ""]))
+    totals = p.phase_bytes()
+    lines.append(_row("total", [*(_size(totals[q], unit) for q in PHASES),
+                                _size(p.host_bytes, unit)]))
+    if p.alternatives:
+        lines.append("alternatives, each adding to the one before:")
+        lines += [f"  + {a.adds}: {_size(a.peak_bytes, unit)} {unit[0]} in {a.peak_phase}"
+                  for a in p.alternatives]
+    lines.append(p.message)
+    return "\n".join(lines)
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M"
+
+
+def _row(name: str, cells: list[str]) -> str:
+    return (f"{name:<36}" + "".join(f"{cell:>10}" for cell in cells)).rstrip()
+
+
+# --------------------------------------------------------------------------- devices
+
+
+def device_memory_of(device: str) -> int | None:
+    """Bytes of one device of a model in `DEVICE_MEMORY_GB` ("ascend-910b", "910B", "H100") or
+    of a kind ("npu": a 910B); None when unknown or a CPU."""
+    key = device.strip().lower()
+    key = DEFAULT_DEVICE_MODEL.get(key, key) or ""
+    for name, size in DEVICE_MEMORY_GB.items():
+        if key in (name, name.split("-", 1)[-1]):
+            return None if size is None else int(size * GIB)
+    return None
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    """`python -m rl_core plan SPEC [KEY=VALUE ...] [--device-memory-gb N] [--json]`."""
+    parser = commands.add_parser(
+        "plan", help="print the memory plan of a spec per device (exit 2 when invalid)")
+    parser.add_argument("file", help="YAML run spec")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                        help="dotted overrides, e.g. actor.ppo_micro_batch_size=1")
+    parser.add_argument("--device-memory-gb", type=float, default=None, metavar="N",
+                        help="memory of one device in GiB (default: by resources.device_type)")
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+    parser.set_defaults(handler=run_command)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    try:
+        spec = load_spec(args.file, args.overrides)
+        memory = None if args.device_memory_gb is None else int(args.device_memory_gb * GIB)
+        result = plan(spec, shape_of(spec), memory)
+    except InputError as exc:  # a SpecError too
+        print(exc, file=sys.stderr)
+        return EXIT_INPUT
+    print(json.dumps(result.to_dict(), indent=2) if args.json else format_table(result))
+    return 0

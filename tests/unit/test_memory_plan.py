@@ -1,0 +1,293 @@
+"""The memory plan: exact parameter counts, hand-computed bytes per component, the verdict on
+the 7B example and the `plan` command."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rl_core import memory_plan as mp
+from rl_core.__main__ import main
+from rl_core.errors import InputError
+from rl_core.spec import load_spec, resolve_spec
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE_7B = ROOT / "examples" / "grpo_qwen25_7b.yaml"
+
+# A shape small enough to count by hand: h=8, I=16, 2 layers, 2 heads of 4 (1 kv head), V=10,
+# tied embeddings, no biases. Per layer: q 8·8=64, k 8·4=32, v 32, o 8·8=64, gate/up/down
+# 3·8·16=384, two norms 2·8=16: 592. Two layers 1184, embeddings 10·8=80, final norm 8: 1272.
+SMALL = mp.ModelShape(hidden_size=8, intermediate_size=16, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, vocab_size=10,
+                      tie_word_embeddings=True)
+
+# Published sizes (model cards) of the models in KNOWN_SHAPES.
+PUBLISHED = {
+    "Qwen/Qwen2.5-0.5B-Instruct": 0.49e9,
+    "Qwen/Qwen2.5-1.5B-Instruct": 1.54e9,
+    "Qwen/Qwen2.5-7B-Instruct": 7.61e9,
+    "Qwen/Qwen2.5-14B-Instruct": 14.7e9,
+    "Qwen/Qwen2.5-32B-Instruct": 32.5e9,
+    "Qwen/Qwen3-8B": 8.2e9,
+    "Qwen/Qwen3-32B": 32.8e9,
+    "meta-llama/Llama-3.1-8B-Instruct": 8.03e9,
+}
+
+
+def small_spec(**sections):
+    """A valid GRPO spec on synthetic data, sections merged over the defaults."""
+    raw = {"data": {"synthetic": {"task": "addition"}}, **sections}
+    return resolve_spec(raw)
+
+
+def by_name(plan: mp.MemoryPlan) -> dict[str, mp.Component]:
+    return {c.name: c for c in plan.components}
+
+
+# --------------------------------------------------------------------------- parameters
+
+
+@pytest.mark.parametrize("size", ["nano", "small", "base"])
+def test_tiny_parameter_counts_are_exact(size):
+    from rl_core.models.tiny import build_tiny, count_parameters
+
+    model, _ = build_tiny(size)
+    assert mp.tiny_shape(size).parameters == count_parameters(model)
+    assert mp.shape_from_config(model.config.to_dict()).parameters == count_parameters(model)
+
+
+def test_tiny_vocabulary_is_the_tokenizers():
+    from rl_core.models.tokenizer import VOCAB
+
+    assert mp.TINY_VOCAB_SIZE == len(VOCAB)
+
+
+def test_llama_and_qwen3_counts_are_exact_with_biases_head_dim_and_qk_norm():
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    common = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100,
+              "tie_word_embeddings": False}
+    llama = LlamaConfig(**common, attention_bias=True, mlp_bias=True)
+    qwen3 = Qwen3Config(**common, head_dim=24)  # heads × head_dim = 96 ≠ hidden_size
+    for config, cls in ((llama, LlamaForCausalLM), (qwen3, Qwen3ForCausalLM)):
+        with torch.device("meta"):
+            model = cls(config)
+        assert mp.shape_from_config(config.to_dict()).parameters == sum(
+            p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_critic_count_is_the_token_classifier_with_one_label(tied):
+    import torch
+    from transformers import AutoModelForTokenClassification, Qwen2Config
+
+    config = Qwen2Config(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, vocab_size=100,
+                         tie_word_embeddings=tied, num_labels=1)
+    with torch.device("meta"):
+        model = AutoModelForTokenClassification.from_config(config)
+    assert mp.shape_from_config(config.to_dict()).critic_parameters == sum(
+        p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_known_models_are_within_one_percent_of_their_published_size(name):
+    assert mp.KNOWN_SHAPES[name].parameters == pytest.approx(PUBLISHED[name], rel=0.01)
+
+
+def test_the_small_shape_counts_as_by_hand():
+    assert SMALL.layer_parameters == 592
+    assert SMALL.parameters == 1272
+    # no output head; a score layer 8 -> 1 with its bias: 1272 + 8 + 1
+    assert SMALL.critic_parameters == 1281
+
+
+def test_known_names_match_the_hub_name_or_the_folder_name_in_any_case():
+    shape = mp.KNOWN_SHAPES["Qwen/Qwen2.5-7B-Instruct"]
+    for name in ("/models/Qwen2.5-7B-Instruct", "qwen/qwen2.5-7b-instruct", "QWEN2.5-7B/"):
+        assert mp.known_shape(name) == shape
+    assert mp.known_shape("/models/my-finetune") is None
+
+
+# --------------------------------------------------------------------------- shape_of
+
+
+def test_shape_of_reads_config_json_then_tiny_presets_then_known_names(tmp_path):
+    config = {"model_type": "qwen2", "hidden_size": 8, "intermediate_size": 16,
+              "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
+              "vocab_size": 10, "tie_word_embeddings": True}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    folder = mp.shape_of(small_spec(model={"path": str(tmp_path)}))
+    assert folder.parameters == 1272 + 2 * (8 + 4 + 4)  # qwen2: q/k/v biases in both layers
+    assert mp.shape_of(small_spec()) == mp.tiny_shape("small")
+    known = mp.shape_of(small_spec(model={"path": "/nowhere/Qwen3-8B"}))
+    assert known == mp.KNOWN_SHAPES["Qwen/Qwen3-8B"]
+
+
+def test_an_unknown_unreadable_model_is_an_input_error_naming_model_path():
+    with pytest.raises(InputError, match=r"^model\.path: cannot read .*known model"):
+        mp.shape_of(small_spec(model={"path": "/nowhere/my-finetune"}))
+
+
+def test_a_mixture_of_experts_config_is_refused():
+    with pytest.raises(InputError, match="mixture-of-experts"):
+        mp.shape_from_config({"hidden_size": 8, "num_experts": 128}, "model.path: x")
+
+
+# --------------------------------------------------------------------------- components
+
+
+def test_torch_strategy_keeps_everything_in_the_model_dtype_on_every_rank():
+    spec = small_spec(model={"dtype": "bfloat16"}, resources={"devices_per_node": 2},
+                      data={"synthetic": {"task": "addition"}, "train_batch_size": 4})
+    parts = by_name(mp.plan(spec, SMALL))
+    assert parts["actor parameters"].bytes == 1272 * 2
+    assert parts["actor gradients"].bytes == 1272 * 2
+    assert parts["actor AdamW moments"].bytes == 2 * 1272 * 2  # two moments in bfloat16
+    assert parts["actor gradient all-reduce"].bytes == 1272 * 2  # 2 ranks: one flat copy
+    assert parts["actor gradients"].phases == ("backward", "step")
+
+
+def test_fsdp2_shards_float32_master_state_over_the_data_parallel_ranks():
+    spec = small_spec(model={"dtype": "bfloat16"})
+    setups = {d: dataclasses.replace(mp.setup_of(spec), strategy="fsdp2", devices=d)
+              for d in (1, 4)}
+    parts = {d: by_name(mp.plan_setup(s, SMALL, None)) for d, s in setups.items()}
+    # 1272 parameters in float32 over 4 ranks: ceil(1272 / 4) = 318 each, 4 bytes
+    assert parts[4]["actor parameter shards"].bytes == 318 * 4
+    assert parts[4]["actor gradient shards"].bytes == 318 * 4
+    assert parts[4]["actor AdamW moments"].bytes == 2 * 318 * 4
+    for name in ("actor parameter shards", "actor gradient shards", "actor AdamW moments"):
+        assert parts[1][name].bytes == 4 * parts[4][name].bytes
+    # loaded on the host in bfloat16, then cast to float32 there before sharding: 1272 · (2 + 4)
+    host_copy = parts[4]["actor host copy before sharding"]
+    assert host_copy.bytes == 1272 * 6 and host_copy.host and host_copy.phases == ()
+    # on the device at load: the rollout's bfloat16 model, the shards and the float32 unit
+    # being sharded, the larger of a layer (592) and the root (88)
+    assert parts[4]["actor unit being sharded"].bytes == 592 * 4
+    assert parts[4]["rollout full weights"].bytes == 1272 * 2
+    load = mp.plan_setup(setups[4], SMALL, None).phase_bytes("actor")["load"]
+    assert load == 1272 * 2 + 318 * 4 + 592 * 4  # the moments come with the first step
+    # root (80 + 8) + two gathered layers (2 · 592), in bfloat16
+    assert parts[4]["actor gathered layers"].bytes == (88 + 2 * 592) * 2
+
+
+def test_offload_moves_fsdp2_shards_and_the_reference_to_host_memory():
+    spec = small_spec(model={"dtype": "bfloat16"}, reference={"offload": True})
+    setup = dataclasses.replace(mp.setup_of(spec), strategy="fsdp2", devices=4,
+                                offload_param=True, offload_optimizer=True)
+    result = mp.plan_setup(setup, SMALL, None)
+    parts = by_name(result)
+    assert parts["actor parameter shards"].phases == () and parts["actor parameter shards"].host
+    assert parts["reference parameters"].phases == ("log-probs",)
+    # params, grads, 2 moments; reference; the host copy sharded at load (bfloat16 + float32)
+    assert result.host_bytes == 318 * 4 * 4 + 1272 * 2 + 1272 * 6
+
+
+def test_activations_per_token_by_hand_and_checkpointing_lowers_them():
+    # bfloat16, per layer: norms 2·(4+2)·8 = 96, attention 5·2·8 = 80, MLP 4·2·16 = 128: 304.
+    # Beyond the layers: final norm and head input (4+4)·8 = 64, gradients 2·(16+32) = 96.
+    full = mp.activation_bytes_per_token(SMALL, 2, checkpointing=False)
+    assert full == 2 * 304 + 64 + 96
+    # checkpointed: each layer's input 2·8 per layer, one layer recomputed in full
+    saved = mp.activation_bytes_per_token(SMALL, 2, checkpointing=True)
+    assert saved == 2 * 16 + 304 + 64 + 96
+    big = mp.KNOWN_SHAPES["Qwen/Qwen2.5-7B-Instruct"]
+    assert mp.activation_bytes_per_token(big, 2, True) < mp.activation_bytes_per_token(
+        big, 2, False) / 5
+
+
+def test_kv_cache_and_logits_bytes_by_hand():
+    spec = small_spec(model={"dtype": "bfloat16"}, resources={"device_type": "gpu"},
+                      data={"synthetic": {"task": "addition"}, "train_batch_size": 4,
+                            "val_batch_size": 2, "max_prompt_length": 100},
+                      rollout={"n_samples_per_prompt": 4, "max_new_tokens": 20})
+    parts = by_name(mp.plan(spec, SMALL))
+    # rows 4 prompts × 4 = 16; length 120 rounded up to 128; per token keys and values of
+    # 2 layers × 1 kv head × head_dim 4 × 2 bytes = 32
+    assert parts["rollout KV cache"].bytes == 16 * 128 * 32
+    assert parts["rollout KV compaction copy"].bytes == 12 * 128 * 32  # 3/4 of the rows
+    # training micro-batch of 2 rows (actor default) × 20 response tokens × vocabulary 10:
+    # bfloat16 logits (2) + three float32 copies (12)
+    assert parts["actor logits"].bytes == 2 * 20 * 10 * (2 + 12)
+    assert mp.logits_bytes(2, 20, 10, 2, training=False) == 2 * 20 * 10 * (2 + 8)
+
+
+def test_phases_add_up_and_the_peak_is_the_largest():
+    result = mp.plan(small_spec(), mp.tiny_shape("small"), 8 * mp.GIB)
+    totals = result.phase_bytes()
+    assert result.total_bytes == max(totals.values()) == totals[result.peak_phase]
+    assert totals["backward"] == sum(c.bytes for c in result.components
+                                     if "backward" in c.phases)
+    assert result.fits and result.message.startswith("fits: ")
+    assert result.roles == ("actor", "reference")
+    by_role = [result.phase_bytes(role) for role in result.roles]
+    assert {p: sum(r[p] for r in by_role) for p in mp.PHASES} == totals
+    json.dumps(result.to_dict())
+
+
+# --------------------------------------------------------------------------- verdict
+
+
+def test_the_7b_example_on_the_torch_strategy_does_not_fit_a_910b_and_fsdp2_does():
+    spec = load_spec(EXAMPLE_7B, ["actor.strategy=torch"])  # the example itself uses fsdp2
+    result = mp.plan(spec, mp.shape_of(spec))  # /models/... is not here: the known shape
+    assert spec.actor.strategy == "torch"
+    assert result.device_memory_bytes == 64 * mp.GIB  # an NPU counts as a 910B
+    assert result.fits is False
+    assert "does not fit" in result.message and "actor.strategy=fsdp2" in result.message
+    assert result.alternatives[0].change == "actor.strategy=fsdp2"
+    assert result.alternatives[0].fits
+    assert mp.plan(load_spec(EXAMPLE_7B), mp.shape_of(spec)).fits  # as the example is written
+
+
+def test_without_device_memory_there_is_no_verdict():
+    result = mp.plan(small_spec(), mp.tiny_shape("nano"))  # resources.device_type: cpu
+    assert result.fits is None and "device memory unknown" in result.message
+
+
+def test_device_memory_by_model_name_or_kind():
+    assert mp.device_memory_of("ascend-910b") == 64 * mp.GIB
+    assert mp.device_memory_of("910C") == 64 * mp.GIB  # per die
+    assert mp.device_memory_of("npu") == 64 * mp.GIB
+    assert mp.device_memory_of("H200") == 141 * mp.GIB
+    assert mp.device_memory_of("nvidia-a100-40gb") == 40 * mp.GIB
+    assert mp.device_memory_of("cpu") is None and mp.device_memory_of("gpu") is None
+
+
+# --------------------------------------------------------------------------- command
+
+
+def test_the_plan_command_prints_a_table(capsys):
+    assert main(["plan", str(EXAMPLE_7B), "actor.strategy=torch"]) == 0
+    out = capsys.readouterr().out
+    assert "actor parameters" in out and "rollout KV cache" in out
+    assert "does not fit" in out
+    assert main(["plan", str(EXAMPLE_7B)]) == 0  # the example as written: sharded, it fits
+    out = capsys.readouterr().out
+    assert "actor parameter shards" in out and "fits: " in out
+
+
+def test_the_plan_command_prints_json_with_a_device_size(capsys):
+    assert main(["plan", str(EXAMPLE_7B), "--device-memory-gb", "141", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["fits"] is True and data["device_memory_bytes"] == 141 * mp.GIB
+
+
+def test_the_plan_command_exits_2_naming_model_path(capsys):
+    assert main(["plan", str(EXAMPLE_7B), "model.path=/nowhere/my-finetune"]) == 2
+    assert "model.path" in capsys.readouterr().err
+
+
+def test_the_module_imports_without_torch():
+    code = "import sys, rl_core.memory_plan; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, check=True)
+    assert out.stdout.strip() == "False"
