@@ -75,6 +75,15 @@ def dpo_loss_fn(config, pair_weight_key: str = "pair_weight"):
     return loss_fn
 
 
+def mini_batches(pairs: int, size: int, ranks: int) -> list[tuple[int, int]]:
+    """[start, stop) of each mini-batch of `size` pairs; a last one with fewer pairs than
+    `ranks` (some rank would get none) joins the one before."""
+    starts = list(range(0, pairs, size))
+    if len(starts) > 1 and pairs - starts[-1] < ranks:
+        starts.pop()
+    return list(zip(starts, [*starts[1:], pairs]))
+
+
 class DPOTrainer:
     """DPO on pairs from files or from the policy's own scored samples."""
 
@@ -126,10 +135,11 @@ class DPOTrainer:
         with timer("step"):
             with timer("rollout"):
                 pairs, metrics = self._next_pairs(timer)
-            if not len(pairs):
-                metrics.update({"dpo/pairs": 0.0, **timer.metrics()})
-                log.warning("step %d: no preference pair (every group's answers scored alike)",
-                            self.step + 1)
+            if len(pairs) < self.ctl.dp:  # every data-parallel rank needs a pair
+                metrics.update({"dpo/pairs": float(len(pairs)), **timer.metrics()})
+                log.warning("step %d: %d preference pairs for %d ranks, no update (a pair needs "
+                            "two answers to a prompt that score differently)", self.step + 1,
+                            len(pairs), self.ctl.dp)
                 return metrics
             batch = self._pair_batch(pairs)
             columns, stage_metrics = self.ctl.run_stages(batch, None, ["ref_logprob"], timer)
@@ -181,8 +191,8 @@ class DPOTrainer:
         sums: dict[str, float] = {}
         count = 0
         for _ in range(self.spec.actor.ppo_epochs):
-            for start in range(0, n_pairs, per_mini):
-                pair_rows = order[start:start + per_mini]
+            for start, stop in mini_batches(n_pairs, per_mini, self.ctl.dp):
+                pair_rows = order[start:stop]
                 mini = data.take(torch.stack([pair_rows * 2, pair_rows * 2 + 1], 1).reshape(-1))
                 mini["pair_weight"] = torch.full((len(mini),), 1.0 / len(pair_rows))
                 results = self.roles.actor.map("train_step", [

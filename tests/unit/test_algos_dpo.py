@@ -93,3 +93,13 @@ def test_extreme_margins_stay_finite():
     big = torch.tensor([1e4, -1e4])
     losses, _ = dpo_loss(big, -big, torch.zeros(2), torch.zeros(2), beta=1.0)
     assert torch.isfinite(losses).all()
+
+
+def test_dpo_mini_batches_leave_no_rank_without_a_pair():
+    from rl_core.recipes.dpo import mini_batches
+
+    assert mini_batches(8, 4, 2) == [(0, 4), (4, 8)]
+    # 9 pairs in fours over 2 ranks: the last mini-batch (1 pair) joins the one before
+    assert mini_batches(9, 4, 2) == [(0, 4), (4, 9)]
+    assert mini_batches(10, 4, 2) == [(0, 4), (4, 8), (8, 10)]
+    assert mini_batches(1, 4, 1) == [(0, 1)]
