@@ -162,17 +162,16 @@ class ActorWorker(Worker):
     def compute(self, stage: str, chunk: Any) -> dict[str, Any]:
         if stage != "old_logprob":
             return super().compute(stage, chunk)
-        cols = chunk.columns
+        return {"old_logprobs": self.old_logprobs(chunk.columns)}
+
+    def old_logprobs(self, cols: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """Log-probs of the responses under the current policy. A sharded actor is called on
+        every rank's share at once (its forward is a collective: it cannot pull channel chunks)."""
         logprobs, _ = self.engine.forward_logprobs(
             cols["input_ids"], cols["attention_mask"], cols["position_ids"],
             cols["response_mask"].shape[1], temperature=temperature_of(self.sampling),
             micro_batch_size=self.spec.rollout.log_prob_micro_batch_size)
-        return {"old_logprobs": logprobs.cpu()}
-
-    def old_logprobs(self, columns: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """The `old_logprob` stage on this rank's shard, called on every rank at once (a
-        sharded engine's forward is a collective: it cannot pull chunks from the channel)."""
-        return self.compute("old_logprob", _Rows(columns))["old_logprobs"]
+        return logprobs.cpu()
 
     def update(self, minis: list[dict[str, torch.Tensor]], step: int) -> list[dict[str, float]]:
         """One optimizer step per mini-batch shard (this rank's rows of each mini-batch)."""
@@ -225,13 +224,6 @@ class ActorWorker(Worker):
     def load_state(self, state: Mapping[str, Any]) -> None:
         self.engine.load_state_dict(state["engine"])
         set_rng_state(state["rng"])
-
-
-class _Rows:
-    """A shard's columns in the shape of a channel chunk (`chunk.columns`)."""
-
-    def __init__(self, columns: Mapping[str, torch.Tensor]) -> None:
-        self.columns = columns
 
 
 def policy_loss_fn(spec: RunSpec, sampling: SamplingParams) -> Callable:
