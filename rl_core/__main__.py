@@ -9,6 +9,7 @@
     python -m rl_core train SPEC.yaml [dotted.key=value ...]            # RL training (grpo, dapo)
     python -m rl_core sft SPEC.yaml [dotted.key=value ...]              # supervised warm start
     python -m rl_core eval CHECKPOINT DATA [--k 8]                      # accuracy and pass@k
+    python -m rl_core export CHECKPOINT OUT [--dtype bfloat16]          # a Hugging Face folder
 
 Each command is a function from parsed arguments to an exit status; new command groups (train,
 sft, eval) add a `_add_<group>` function and a line in `build_parser`.

@@ -101,6 +101,16 @@ def _eval(args: argparse.Namespace) -> int:
     return run_guarded(work)
 
 
+def _export(args: argparse.Namespace) -> int:
+    def work():
+        enforce_at_job(named=[("checkpoint", "model", args.checkpoint)])
+        from rl_core.export import export_checkpoint
+
+        print(json.dumps(export_checkpoint(args.checkpoint, args.out, args.dtype), sort_keys=True))
+
+    return run_guarded(work)
+
+
 def add_parsers(commands: argparse._SubParsersAction) -> None:
     for name, handler, text in (
         ("train", _train, "train a policy with RL (grpo, dapo, ppo, dpo) from a run spec"),
@@ -124,3 +134,12 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--reward", default="exact_match", help="correctness reward function")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.set_defaults(handler=_eval)
+    parser = commands.add_parser(
+        "export", help="write a checkpoint's policy as a Hugging Face folder (from the sharded "
+                       "master weights of an fsdp2 run)")
+    parser.add_argument("checkpoint", help="a checkpoint folder (outputs/checkpoints/step_N)")
+    parser.add_argument("out", help="the folder to write (new or empty)")
+    parser.add_argument("--dtype", default=None,
+                        help="weights dtype: float32, bfloat16 or float16 (default: model.dtype "
+                             "of the run)")
+    parser.set_defaults(handler=_export)

@@ -51,6 +51,10 @@ from rl_core.tracking import Timer, Tracker, make_tracker, memory_metrics
 
 log = logging.getLogger("rl_core")
 
+# the stages of sharded roles (actor.strategy fsdp2) and the method each rank runs on its share
+SHARDED_STAGES = {"old_logprob": "old_logprobs", "ref_logprob": "ref_logprobs",
+                  "values": "values"}
+
 # how long a stage may wait for its inputs in the channel (a stuck upstream stage is a failure)
 STAGE_TIMEOUT_S = 3600.0
 
@@ -71,6 +75,18 @@ def preflight(spec: RunSpec, *, local: bool) -> None:
                          f"{spec.resources.device_type} here: {reason}")
 
 
+def check_strategy(checkpoint: Path, state: dict[str, Any], spec: RunSpec) -> None:
+    """An InputError when the checkpoint's training state was saved by the other kind of engine
+    (sharded or whole) than the spec's `actor.strategy` builds: the two keep it differently."""
+    sharded = bool(state["engine"].get("sharded"))
+    if sharded != (spec.actor.strategy == "fsdp2"):
+        saved = "fsdp2" if sharded else "torch"
+        raise InputError(
+            f"actor.strategy: {checkpoint} was saved with actor.strategy={saved}, this run uses "
+            f"{spec.actor.strategy}; resume it with {saved}, or start a new run from its weights "
+            f"(model.path={checkpoint}, trainer.resume_mode=disable)")
+
+
 class Controller:
     """Data, roles, checkpoints and the step loop of one run (see the module docstring)."""
 
@@ -86,6 +102,10 @@ class Controller:
         self.output_dir = Path(spec.trainer.output_dir)
         seed_everything(spec.seed, spec.trainer.deterministic)
         self.resume_from = self._resume_checkpoint()
+        # read before any role starts, so a checkpoint of the other strategy fails at once
+        self._resume_state = load_state(self.resume_from) if self.resume_from else None
+        if self._resume_state is not None:
+            check_strategy(self.resume_from, self._resume_state, spec)
         self.model_path = str(self.resume_from) if self.resume_from else spec.model.path
         check_model_folder(resolve_model_path(self.model_path),
                            trust_remote_code=spec.model.trust_remote_code)
@@ -115,7 +135,9 @@ class Controller:
         self.generator = torch.Generator().manual_seed(spec.seed)
         self.roles = self._start_roles(reference)
         try:
-            state = self._restore(self.resume_from) if self.resume_from else None
+            state = self._restore(self.resume_from, self._resume_state) \
+                if self.resume_from else None
+            self._resume_state = None
             self.tracker = tracker or make_tracker(spec, self.output_dir)
         except BaseException:
             self.roles.shutdown()
@@ -161,11 +183,12 @@ class Controller:
         clean_partial(self.output_dir)
         return latest_checkpoint(self.output_dir)
 
-    def _restore(self, checkpoint: Path) -> dict[str, Any]:
-        state = load_state(checkpoint)
-        self.roles.actor.call("load_state", {"engine": state["engine"], "rng": state["rng"]})
+    def _restore(self, checkpoint: Path, state: dict[str, Any]) -> dict[str, Any]:
+        self.roles.actor.call("load_state", {"engine": state["engine"], "rng": state["rng"],
+                                             "checkpoint": str(checkpoint)})
         if self.roles.critic is not None and "critic" in state:
-            self.roles.critic.call("load_state", state["critic"])
+            self.roles.critic.call("load_state", {**state["critic"],
+                                                  "checkpoint": str(checkpoint)})
         self.loader.load_state_dict(state["loader"])
         random.setstate(state["controller_rng"])
         self.generator.set_state(state["generator"])
@@ -235,8 +258,15 @@ class Controller:
             self.tracker.finish(status)
 
     def memory_metrics(self) -> dict[str, float]:
-        """`memory/actor/allocated_gb` and `memory/actor/peak_gb`: the largest over the ranks."""
-        return memory_metrics(self.roles.actor.call("memory"))
+        """`memory/<role>/allocated_gb`, `.../peak_gb` and `.../<stage>/peak_gb` of the actor,
+        the reference and the critic since the last step: the largest over each role's ranks
+        (device memory; on cpu each process's resident set)."""
+        out: dict[str, float] = {}
+        for role in ("actor", "reference", "critic"):
+            group = getattr(self.roles, role)
+            if group is not None:
+                out.update(memory_metrics(group.call("memory"), role))
+        return out
 
     def close(self) -> None:
         """Stop the roles (their processes, on Ray); nothing can step after this."""
@@ -287,8 +317,11 @@ class Controller:
             "old_logprob": (self.roles.actor, list(SEQUENCE_COLUMNS), ["old_logprobs"]),
             "values": (self.roles.critic, list(SEQUENCE_COLUMNS), ["values"]),
         }
-        direct = self.spec.actor.strategy == "fsdp2" and "old_logprob" in stages
-        stages = [s for s in stages if not (direct and s == "old_logprob")]
+        # sharded roles' forwards are collectives: they cannot pull chunks from the channel,
+        # so their stages are called on every rank's share at once (`SHARDED_STAGES`)
+        sharded = self.spec.actor.strategy == "fsdp2"
+        direct = [s for s in stages if sharded and s in SHARDED_STAGES]
+        stages = [s for s in stages if s not in direct]
         started = time.perf_counter()  # (a local group works while it is submitted)
         pending = []
         for stage in stages:
@@ -296,6 +329,12 @@ class Controller:
             chunk = max(1, -(-rows // group.size))
             pending.append((stage, group.submit("drain", channel, stage, needs, chunk,
                                                 STAGE_TIMEOUT_S)))
+        shares = [(s.to_dict(),) for s in batch.with_sequences().split(self.dp)] if direct else []
+        mapped = []
+        for stage in direct:
+            stage_started = time.perf_counter()
+            group = plan[stage][0]
+            mapped.append((stage, stage_started, group.submit_map(SHARDED_STAGES[stage], shares)))
         results = collect(*(p for _, p in pending))
         metrics: dict[str, float] = {}
         for (stage, _), per_rank in zip(pending, results):
@@ -303,16 +342,12 @@ class Controller:
             timer.seconds[stage] += max(r.get("seconds", 0.0) for r in per_rank)
         out = Batch({name: channels.call(channel, "column", name)
                      for stage in stages for name in plan[stage][2]})
-        if direct:
-            with timer("old_logprob"):
-                out["old_logprobs"] = self._old_logprobs(batch)
+        for stage, stage_started, pending_map in mapped:
+            (column,) = plan[stage][2]
+            out[column] = torch.cat(collect(pending_map)[0])
+            timer.seconds[stage] += time.perf_counter() - stage_started
         timer.seconds["stages"] += time.perf_counter() - started
         return out, metrics
-
-    def _old_logprobs(self, batch: Batch) -> torch.Tensor:
-        """The `old_logprob` stage of a sharded actor: each rank its share, all ranks at once."""
-        shards = batch.with_sequences().split(self.dp)
-        return torch.cat(self.roles.actor.map("old_logprobs", [(s.to_dict(),) for s in shards]))
 
     def scores(self, batch: Batch, columns: Batch, max_new_tokens: int
                ) -> tuple[torch.Tensor, dict[str, float]]:

@@ -185,22 +185,47 @@ def empty_cache(device: torch.device | str) -> None:
 def memory_stats(device: torch.device | str) -> dict[str, float]:
     """{"allocated_bytes", "peak_bytes"} for the device.
 
-    On an accelerator: tensor memory now and its peak since start (or the last reset). On cpu:
-    this process's resident set now (from /proc/self/statm; left out where that file does not
-    exist) and its peak resident set (getrusage, never reset).
+    On an accelerator: tensor memory now and its peak since start (or the last `reset_peak`).
+    On cpu: this process's resident set now (from /proc/self/statm; left out where that file
+    does not exist) and its peak resident set since start or the last `reset_peak` (VmHWM; where
+    /proc is missing, getrusage, never reset).
     """
     if _device_type(device) != "cpu":
         mod = _module(_device_type(device))
         return {"allocated_bytes": float(mod.memory_allocated(device)),
                 "peak_bytes": float(mod.max_memory_allocated(device))}
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    stats = {"peak_bytes": float(peak if sys.platform == "darwin" else peak * 1024)}  # Linux: KiB
+    stats = {"peak_bytes": _peak_rss()}
     try:
         with open("/proc/self/statm") as f:
             stats["allocated_bytes"] = float(int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE"))
     except OSError:
         pass
     return stats
+
+
+def reset_peak(device: torch.device | str) -> None:
+    """Start a new peak for `memory_stats`: the device's peak allocation, or on cpu the
+    process's peak resident set (Linux: writing 5 to /proc/self/clear_refs)."""
+    if _device_type(device) != "cpu":
+        _module(_device_type(device)).reset_peak_memory_stats(device)
+        return
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass  # no /proc (macOS): the peak is the process's since start
+
+
+def _peak_rss() -> float:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return float(int(line.split()[1]) * 1024)  # kB
+    except OSError:
+        pass
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return float(peak if sys.platform == "darwin" else peak * 1024)  # Linux: KiB
 
 
 def manual_seed_all(kind: DeviceKind, seed: int) -> None:

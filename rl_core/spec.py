@@ -310,9 +310,14 @@ class RolloutConfig(_Strict):
 class OffloadConfig(_Strict):
     """What the actor keeps in host memory while it is not training."""
 
-    param: bool = Field(False, description="Offload parameters to host memory between updates.")
+    param: bool = Field(
+        False, description="With `actor.strategy: fsdp2`: keep the shards of parameters, "
+        "gradients and optimizer state in host memory (FSDP2's CPUOffloadPolicy, pinned); each "
+        "decoder layer comes to the device for its forward and backward and AdamW steps on the "
+        "host. Not on cpu.")
     optimizer: bool = Field(
-        False, description="Offload optimizer state to host memory between updates."
+        False, description="Keep AdamW's moments in host memory; they come to the device for "
+        "each optimizer step only. Not on cpu."
     )
 
 
@@ -324,8 +329,9 @@ class ActorConfig(_Strict):
         description="Training engine: `torch` is the plain PyTorch engine, one full copy of the "
         "model, gradients and optimizer state per data-parallel rank; `fsdp2` shards them over "
         "the ranks with PyTorch FSDP2 (float32 master weights, compute in `model.dtype`; the "
-        "rollout keeps a full copy synced after every update; the reference is not sharded; "
-        "not with a critic yet).",
+        "rollout keeps a full copy synced after every update; the critic is sharded the same "
+        "way and the reference without optimizer state; checkpoints are sharded with "
+        "torch.distributed.checkpoint).",
     )
     lr: float = Field(1e-5, gt=0, le=1, description="Learning rate.")
     weight_decay: float = Field(0.01, ge=0, le=1, description="AdamW weight decay.")
@@ -576,7 +582,9 @@ class ResourcesConfig(_Strict):
     )
     cpus_per_device: int = Field(1, gt=0, le=1_024, description="CPU cores reserved per device.")
     memory_gb: float | None = Field(
-        None, gt=0, le=65_536, description="Host memory per node in GiB; null: no request."
+        None, gt=0, le=65_536, description="Host memory per node in GiB, reserved as Ray's "
+        "`memory` resource (an equal share per device) and checked against the nodes' memory at "
+        "submit; null: no request."
     )
 
 
@@ -665,8 +673,11 @@ class MonitorConfig(_Strict):
     """Device health metrics logged with the training metrics."""
 
     log_memory: bool = Field(
-        True, description="Log the actor ranks' allocated and peak device memory every step "
-        "(`memory/actor/allocated_gb`, `memory/actor/peak_gb`; on CPU the process's resident set)."
+        True, description="Log each role's allocated and peak device memory every step "
+        "(`memory/<role>/allocated_gb`, `memory/<role>/peak_gb`) and the peak of each of its "
+        "stages (`memory/actor/rollout/peak_gb`, `.../update/peak_gb`, `.../weight_sync/peak_gb`, "
+        "`memory/reference/ref_logprob/peak_gb`, ...); the largest over the ranks; on CPU each "
+        "process's resident set."
     )
 
 
@@ -707,8 +718,6 @@ NOT_IMPLEMENTED: dict[str, tuple[Any, ...]] = {
     "rollout.partial_rollout_max_split": (0, 1),  # both mean no partial rollout
     "rollout.tensor_parallel_size": (1,),
     "actor.use_remove_padding": (False,),
-    "actor.offload.param": (False,),
-    "actor.offload.optimizer": (False,),
     "reward.reward_model": (None,),
     "parallel.tensor_parallel_size": (1,),
     "parallel.pipeline_parallel_size": (1,),
@@ -716,7 +725,6 @@ NOT_IMPLEMENTED: dict[str, tuple[Any, ...]] = {
     "parallel.context_parallel_algo": ("ulysses",),  # moot while context_parallel_size is 1
     "parallel.colocate_actor_rollout": (True,),  # rollout generates in the training process
     "parallel.resharding": ("auto",),  # one layout for training and inference: nothing to reshard
-    "resources.memory_gb": (None,),  # the scheduler places runs by devices only
     **{k: v for k, v in _only_defaults(ToolsConfig, "tools.").items()
        if k != "tools.monitor.log_memory"},  # profiling, precision dumps, memory logging
 }
@@ -1070,13 +1078,6 @@ def _rule_lengths(s: RunSpec) -> Iterator[Violation]:
         )
 
 
-def _rule_strategy(s: RunSpec) -> Iterator[Violation]:
-    """`actor.strategy: fsdp2` shards the actor only: not with a critic (PPO) yet."""
-    if s.actor.strategy == "fsdp2" and s.critic.enable:
-        yield ("actor.strategy", "fsdp2 with a critic (critic.enable, PPO) is not implemented "
-               "yet: use actor.strategy=torch for PPO")
-
-
 def _rule_reward(s: RunSpec) -> Iterator[Violation]:
     """GRPO, DAPO and PPO need `reward.functions`."""
     if s.algorithm != "dpo" and not s.reward.functions and s.reward.reward_model is None:
@@ -1106,6 +1107,22 @@ def _rule_trainer(s: RunSpec) -> Iterator[Violation]:
         )
 
 
+def _rule_offload(s: RunSpec) -> Iterator[Violation]:
+    """`actor.offload.*` moves training state from an accelerator to host memory: not on cpu,
+    where it already is; parameters only with fsdp2 (the plain engine's are the rollout's)."""
+    offload = s.actor.offload
+    asked = [name for name in ("param", "optimizer") if getattr(offload, name)]
+    if asked and s.resources.device_type == "cpu":
+        for name in asked:
+            yield (f"actor.offload.{name}", "on cpu the training state is in host memory "
+                   "already: offload is for npu and cuda devices; set it to false")
+        return
+    if offload.param and s.actor.strategy != "fsdp2":
+        yield ("actor.offload.param", "needs actor.strategy=fsdp2 (the plain engine's parameters "
+               "are the rollout's weights, on the device throughout); or use "
+               "actor.offload.optimizer alone")
+
+
 _RULES: tuple[Callable[[RunSpec], Iterator[Violation]], ...] = (
     _rule_clip_ratios,
     _rule_data_source,
@@ -1116,8 +1133,8 @@ _RULES: tuple[Callable[[RunSpec], Iterator[Violation]], ...] = (
     _rule_layouts,
     _rule_lengths,
     _rule_reward,
-    _rule_strategy,
     _rule_trainer,
+    _rule_offload,
 )
 
 

@@ -179,8 +179,9 @@ def stable_metrics(metrics: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def memory_metrics(per_rank: list[Mapping[str, float]], role: str = "actor") -> dict[str, float]:
-    """`memory/<role>/allocated_gb` and `memory/<role>/peak_gb`, the largest over the ranks'
-    `rl_core.device.memory_stats`."""
+    """`memory/<role>/allocated_gb`, `memory/<role>/peak_gb` and per stage
+    `memory/<role>/<stage>/peak_gb`: the largest over the ranks' `Worker.memory()` (or
+    `rl_core.device.memory_stats`) figures in bytes."""
+    keys = sorted({key for r in per_rank for key in r if key.endswith("_bytes")})
     return {f"memory/{role}/{key.removesuffix('_bytes')}_gb":
-            max(r.get(key, 0.0) for r in per_rank) / 2**30
-            for key in ("allocated_bytes", "peak_bytes")}
+            max(r.get(key, 0.0) for r in per_rank) / 2**30 for key in keys}

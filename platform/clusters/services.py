@@ -91,6 +91,23 @@ def fitting_clusters(device_request: dict, cluster: Cluster | None = None) -> li
     return result
 
 
+def node_memory(kind: str, cluster: Cluster | None = None) -> list[tuple[int, str]]:
+    """(memory_bytes, "cluster/hostname") of each ready node with healthy devices of `kind` that
+    a run could be placed on: on `cluster`, or on any cluster offering the kind (any cluster for
+    cpu). 0 bytes: the inventory does not know that node's memory."""
+    if cluster is not None:
+        clusters = [cluster]
+    elif kind == DeviceKind.CPU:
+        clusters = Cluster.objects.all()
+    else:
+        clusters = Cluster.objects.filter(device_type=kind)
+    rows = Node.objects.filter(cluster__in=clusters, state=NodeState.READY,
+                               healthy_device_count__gt=0).values_list(
+        "device_type", "memory_bytes", "cluster__name", "hostname")
+    return [(memory, f"{name}/{host}") for model, memory, name, host in rows
+            if kind_of(model) == kind]
+
+
 def path_refusals(spec_data, clusters) -> dict[str, list[dict[str, str]]]:
     """Cluster name -> the paths of the spec (a RunSpec or its mapping) its policy refuses."""
     return {cluster.name: check_paths(spec_data, cluster.path_policy()) for cluster in clusters}

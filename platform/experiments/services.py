@@ -21,7 +21,7 @@ from django.utils import timezone
 
 from clusters.choices import DeviceKind, NodeState, kind_of
 from clusters.models import Cluster, Node
-from clusters.services import path_refusals
+from clusters.services import node_memory, path_refusals
 from experiments.choices import ACTIVE_STATES, TERMINAL_STATES, RunState, can_transition
 from experiments.limits import MAX_RESTARTS, PRIORITY
 from experiments.models import Experiment, Run, RunEvent
@@ -148,6 +148,24 @@ def check_cluster(spec: RunSpec, cluster: Cluster | None) -> None:
         )
 
 
+def check_host_memory(spec: RunSpec, cluster: Cluster | None) -> None:
+    """`resources.memory_gb` must fit a node the run could be placed on; where one of those nodes
+    has no memory figure in the inventory (0 bytes), or there is none, nothing is refused."""
+    wanted = spec.resources.memory_gb
+    if wanted is None:
+        return
+    kind = spec.device_request()["device_type"]
+    nodes = node_memory(kind, cluster)
+    if not nodes or any(memory == 0 for memory, _ in nodes):
+        return
+    largest, where = max(nodes)
+    if wanted * plans.GIB > largest:
+        scope = f"of cluster {cluster.name}" if cluster else f"with {kind} devices"
+        raise SpecError.single("resources.memory_gb", (
+            f"{wanted:g} GiB per node is more than any node {scope} has (the largest, {where}, "
+            f"has {largest / plans.GIB:.1f} GiB): lower it, or set it to null to ask for none"))
+
+
 def check_rewards(spec: RunSpec) -> None:
     """Reward functions must exist and accept their kwargs, or the run would fail at its start."""
     errors = []
@@ -213,6 +231,7 @@ def prepare(submission: Submission) -> RunSpec:
     spec = resolve_spec(submission.spec, submission.overrides)
     check_rewards(spec)
     check_cluster(spec, submission.cluster)
+    check_host_memory(spec, submission.cluster)
     check_path_policy(spec, submission.cluster)
     return spec
 

@@ -21,7 +21,10 @@ def value_loss(
     values (new predictions), old_values (at rollout), returns, mask (B, T) -> scalar loss and
     metrics {`vf_clipfrac`: share of valid tokens where the clipped term is the larger}.
     """
-    clipped_values = old_values + (values - old_values).clamp(-cliprange_value, cliprange_value)
+    # clamp the values themselves: inside the range they stay bit for bit what they are, so the
+    # clip fraction counts clipped tokens, not the rounding of old + (new - old)
+    clipped_values = torch.clamp(values, old_values - cliprange_value,
+                                 old_values + cliprange_value)
     unclipped_loss = (values - returns) ** 2
     clipped_loss = (clipped_values - returns) ** 2
     loss = 0.5 * agg_loss(torch.maximum(unclipped_loss, clipped_loss), mask, agg_mode)

@@ -20,6 +20,7 @@ bucket, for a rollout engine: every rank must iterate it.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -41,14 +42,19 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def shard_model(model: torch.nn.Module, mesh: Any, param_dtype: str = "float32",
-                reshard_after_forward: bool = True) -> torch.nn.Module:
-    """`fully_shard` each decoder layer, then the root (in place); gradients summed, in float32."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+                reshard_after_forward: bool = True, offload: bool = False) -> torch.nn.Module:
+    """`fully_shard` each decoder layer, then the root (in place); gradients summed, in float32.
+    `offload`: the shards live in host memory (FSDP2's CPUOffloadPolicy, pinned), each unit
+    copied to the device for its forward and backward."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
     policy = MixedPrecisionPolicy(param_dtype=PARAM_DTYPES[param_dtype], reduce_dtype=torch.float32)
+    pin = mesh.device_type != "cpu"  # page-locked host memory exists beside an accelerator only
+    extra = {"offload_policy": CPUOffloadPolicy(pin_memory=pin)} if offload else {}
     units = [*decoder_layers(model), model]  # the root last: it takes what the layers leave
     for unit in units:
-        fully_shard(unit, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+        fully_shard(unit, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward,
+                    **extra)
     for unit in units:  # summed gradients, with plain SUM collectives (gloo has no PREMUL_SUM)
         unit.set_gradient_divide_factor(1.0)
         unit.set_force_sum_reduction_for_comms(True)
@@ -59,24 +65,44 @@ class FSDP2Engine:
     """A `TrainEngine` over an FSDP2-sharded model (see the module docstring)."""
 
     def __init__(self, model: torch.nn.Module, *, mesh: Any, param_dtype: str = "float32",
-                 reshard_after_forward: bool = True, **options: Any) -> None:
+                 reshard_after_forward: bool = True, offload_param: bool = False,
+                 **options: Any) -> None:
+        """`offload_param`: parameter, gradient and optimizer-state shards live in host memory
+        and AdamW steps there (FSDP2's CPUOffloadPolicy); each unit comes to the device for its
+        forward and backward. `options`: those of `TrainEngine`."""
         if param_dtype not in PARAM_DTYPES:
             raise ValueError(f"param_dtype {param_dtype!r} is not supported; use float32 or bfloat16")
         self.mesh = mesh
-        device = torch.device("cpu") if mesh.device_type == "cpu" else \
-            torch.device(mesh.device_type, torch.accelerator.current_device_index())
+        device = _mesh_device(mesh)
         # float32 master weights; fully_shard moves each unit to the mesh's device as it shards
         # it, so a model given on the host reaches the device one layer at a time
         model = model.to(dtype=torch.float32)
-        shard_model(model, mesh, param_dtype, reshard_after_forward)
+        shard_model(model, mesh, param_dtype, reshard_after_forward, offload=offload_param)
+        if offload_param:  # the moments are already in host memory, next to the shards
+            options["offload_optimizer"] = False
         self.inner = TrainEngine(model, device=device, dp_group=mesh.get_group(), sharded=True,
                                  **options)
+
+    @classmethod
+    def frozen(cls, model: torch.nn.Module, *, mesh: Any, param_dtype: str = "float32",
+               offload: bool = False) -> FSDP2Engine:
+        """A forward-only engine (the reference): parameters sharded in `param_dtype` itself,
+        without float32 masters, gradients or optimizer state; `offload` keeps the shards in
+        host memory."""
+        engine = cls.__new__(cls)
+        engine.mesh = mesh
+        model = model.to(dtype=PARAM_DTYPES[param_dtype]).requires_grad_(False)
+        shard_model(model, mesh, param_dtype, offload=offload)
+        engine.inner = TrainEngine(model, device=_mesh_device(mesh), dp_group=mesh.get_group(),
+                                   sharded=True, param_dtype=param_dtype, lr=0.0)
+        return engine
 
     @classmethod
     def from_spec(cls, model: torch.nn.Module, actor: Any, total_steps: int, dtype: str,
                   mesh: Any) -> FSDP2Engine:
         """An engine configured by the spec's `actor` section over `mesh` (`dtype`: compute)."""
-        return cls(model, mesh=mesh, param_dtype=dtype, **engine_options(actor, total_steps))
+        return cls(model, mesh=mesh, param_dtype=dtype, offload_param=actor.offload.param,
+                   **engine_options(actor, total_steps))
 
     model = property(lambda self: self.inner.model)
     step = property(lambda self: self.inner.step)
@@ -99,33 +125,89 @@ class FSDP2Engine:
         return {name: tensor.cpu() for bucket in self.weight_buckets() for name, tensor in bucket}
 
     def state_dict(self) -> dict[str, Any]:
-        """The optimizer state in full on rank 0 (empty on the others; any number of ranks can
-        load it), the schedule and the step. A collective: every rank calls it."""
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            get_optimizer_state_dict,
-        )
-
+        """The schedule and the step (small, the same on every rank); the weights and the
+        optimizer state are sharded: `save_sharded` writes them."""
         state = self.inner.state_dict()
-        state["optimizer"] = get_optimizer_state_dict(
-            self.model, self.inner.optimizer,
-            options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        return state
+        del state["optimizer"]
+        return {**state, "sharded": True}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            set_optimizer_state_dict,
-        )
-
-        # rank 0 holds the full state (`state_dict` gathers it there); it is sent to the others
-        set_optimizer_state_dict(self.model, self.inner.optimizer, state["optimizer"],
-                                 options=StateDictOptions(full_state_dict=True,
-                                                          broadcast_from_rank0=True))
+        """The step of `state_dict()` (load the shards with `load_sharded`)."""
         self.inner.step = int(state["step"])
 
+    def save_sharded(self, folder: str | Path) -> None:
+        """The float32 master weights and the AdamW state into a `torch.distributed.checkpoint`
+        folder, each rank writing its own shards. A collective: every rank calls it."""
+        from torch.distributed import checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model, optimizer = get_state_dict(self.model, self.inner.optimizer)
+        dcp.save({"model": model, "optimizer": optimizer}, checkpoint_id=str(folder),
+                 process_group=self.dp_group)
+
+    def load_sharded(self, folder: str | Path) -> None:
+        """Weights and optimizer state from a `save_sharded` folder, written by any number of
+        ranks (DCP reshards them); an InputError naming the folder when it holds another
+        model's state. A collective: every rank calls it."""
+        from torch.distributed import checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        folder = Path(folder)
+        if not (folder / ".metadata").is_file():
+            raise InputError(f"{folder}: not a sharded checkpoint (no .metadata); it was saved "
+                             "with another actor.strategy, or is incomplete")
+        check_sharded_keys(folder, self.model)
+        model, optimizer = get_state_dict(self.model, self.inner.optimizer)
+        state = {"model": model, "optimizer": optimizer}
+        try:
+            dcp.load(state, checkpoint_id=str(folder), process_group=self.dp_group)
+        except Exception as exc:  # DCP wraps every rank's failure in a CheckpointException
+            raise InputError(f"{folder}: cannot load this sharded checkpoint into "
+                             f"{type(self.model).__name__}: {_first_line(exc)}") from exc
+        set_state_dict(self.model, self.inner.optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optimizer"])
+
     def offload(self) -> None:
-        raise NotImplementedError("actor.offload with fsdp2 is not built yet")
+        """The optimizer state to host memory (the parameter shards move only with
+        `offload_param`, which keeps them there throughout)."""
+        self.inner._move_optimizer(torch.device("cpu"))
 
     def reload(self) -> None:
-        raise NotImplementedError("actor.offload with fsdp2 is not built yet")
+        self.inner._move_optimizer(self.inner.device)
+
+
+def sharded_shapes(folder: str | Path) -> dict[str, tuple[int, ...]]:
+    """The full shape of every model tensor of a `save_sharded` folder (its metadata only)."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    meta = FileSystemReader(str(folder)).read_metadata()
+    return {key.removeprefix("model."): tuple(item.size)
+            for key, item in meta.state_dict_metadata.items()
+            if key.startswith("model.") and isinstance(item, TensorStorageMetadata)}
+
+
+def check_sharded_keys(folder: str | Path, model: torch.nn.Module) -> None:
+    """An InputError naming `folder` when its weights are not `model`'s: names or shapes differ."""
+    saved = sharded_shapes(folder)
+    want = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    missing = sorted(set(want) - set(saved))
+    wrong = sorted(n for n in set(want) & set(saved) if want[n] != saved[n])
+    if missing or wrong:
+        shown = [f"{n} (missing)" for n in missing[:3]] + \
+            [f"{n} {list(saved[n])} != {list(want[n])}" for n in wrong[:3]]
+        raise InputError(f"{folder}: this checkpoint holds another model's weights "
+                         f"({len(missing)} missing, {len(wrong)} of another shape: "
+                         f"{', '.join(shown)}); resume it with the model it was saved from, "
+                         "or start afresh (trainer.resume_mode: disable)")
+
+
+def _mesh_device(mesh: Any) -> torch.device:
+    """This rank's device of `mesh` (its current accelerator; the CPU for a CPU mesh)."""
+    if mesh.device_type == "cpu":
+        return torch.device("cpu")
+    return torch.device(mesh.device_type, torch.accelerator.current_device_index())
+
+
+def _first_line(exc: BaseException) -> str:
+    return next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)

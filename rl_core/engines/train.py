@@ -269,6 +269,7 @@ class TrainEngine:
         metric_prefix: str = METRIC_PREFIX,
         head: Callable[..., tuple[torch.Tensor, torch.Tensor | None]] | None = None,
         sharded: bool = False,
+        offload_optimizer: bool = False,
     ) -> None:
         """`micro_batch_size` (rows), `max_token_len` (valid tokens per micro-batch: dynamic
         batch size, which then overrides every row count) and `loss_agg_mode` are defaults for
@@ -277,7 +278,8 @@ class TrainEngine:
         data-parallel process group (see the module docstring); `metric_prefix` names the
         engine's own metrics (`actor/`, or `critic/` for a value model). `sharded`: the model's
         parameters are DTensors sharded by FSDP2 over `dp_group`, which reduces the gradients
-        itself (see `rl_core.engines.fsdp`)."""
+        itself (see `rl_core.engines.fsdp`). `offload_optimizer`: AdamW's moments wait in host
+        memory and come to the device for each optimizer step only (nothing moves on cpu)."""
         if param_dtype not in PARAM_DTYPES:
             raise ValueError(
                 f"param_dtype {param_dtype!r} is not supported; use float32 or bfloat16 "
@@ -298,8 +300,11 @@ class TrainEngine:
         self.dp_group, self.metric_prefix = dp_group, metric_prefix
         self.head = head or LogProbHead()
         self.sharded = sharded
+        self.offload_optimizer = offload_optimizer
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = _adamw(self.params, lr, betas, weight_decay, self.device, fused=not sharded)
+        # a frozen model (every parameter without gradients) gets no optimizer: forward only
+        self.optimizer = _adamw(self.params, lr, betas, weight_decay, self.device,
+                                fused=not sharded) if self.params else None
         self.step = 0  # optimizer steps taken
 
     @classmethod
@@ -551,8 +556,12 @@ class TrainEngine:
         )
         for group in self.optimizer.param_groups:
             group["lr"] = lr
+        if self.offload_optimizer:
+            self._move_optimizer(self.device)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.offload_optimizer:
+            self._move_optimizer(torch.device("cpu"))
         self.step += 1
         metrics[f"{prefix}lr"] = lr
         return metrics
@@ -600,10 +609,17 @@ class TrainEngine:
         if device.type == "cpu" and self.device.type == "cpu":
             return
         self.model.to(device)
+        self._move_optimizer(device)
+
+    def _move_optimizer(self, device: torch.device) -> None:
+        """AdamW's moments (not the step counts) to `device`; nothing moves on a cpu engine.
+        Sharded moments are DTensors: each rank moves its own shard."""
+        if self.optimizer is None or (device.type == "cpu" and self.device.type == "cpu"):
+            return
         for state in self.optimizer.state.values():
             for key, value in state.items():
                 if isinstance(value, torch.Tensor) and key != "step":
-                    state[key] = value.to(device)
+                    state[key] = value.to(device, non_blocking=device.type != "cpu")
 
     # ----------------------------------------------------------------------- checkpoint
 
@@ -645,6 +661,7 @@ def engine_options(actor: ActorConfig, total_steps: int) -> dict[str, Any]:
         "micro_batch_size": actor.ppo_micro_batch_size,
         "max_token_len": actor.max_token_len_per_gpu if actor.use_dynamic_bsz else None,
         "loss_agg_mode": actor.loss_agg_mode,
+        "offload_optimizer": actor.offload.optimizer,
     }
 
 

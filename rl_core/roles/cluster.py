@@ -7,13 +7,15 @@
 
 Placement: one placement group with a bundle per device (`resources.devices_per_node` ×
 `resources.num_nodes`), each bundle one device of the spec's kind plus
-`resources.cpus_per_device` CPUs. Rank r of every device role (actor, reference, critic) sits on
-bundle r and takes an equal share of it: the roles are colocated on the same devices, as
-MindSpeed RL colocates them, and a role's ranks form its data-parallel group. Reward workers use
-no reserved resources (they score text on the CPU between the device stages).
+`resources.cpus_per_device` CPUs and, when `resources.memory_gb` is set, that node's host memory
+divided by its devices (Ray's `memory` resource, in bytes). Rank r of every device role (actor,
+reference, critic) sits on bundle r and takes an equal share of it: the roles are colocated on
+the same devices, as MindSpeed RL colocates them, and a role's ranks form its data-parallel
+group. Reward workers use no reserved resources (they score text on the CPU between the device
+stages).
 
 Before any role starts, the Ray cluster's resources are compared with what the spec asks for;
-too few devices is an `InputError` listing both.
+too few devices, CPUs or memory is an `InputError` listing both.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ log = logging.getLogger("rl_core")
 
 PLACEMENT_TIMEOUT_S = float(os.environ.get("RL_CORE_PLACEMENT_TIMEOUT_S", "60"))
 ROLE_START_TIMEOUT_S = float(os.environ.get("RL_CORE_ROLE_START_TIMEOUT_S", "600"))
+GIB = 2**30
 
 
 @dataclass
@@ -113,20 +116,56 @@ def connect() -> bool:
     return True
 
 
-def check_resources(spec: RunSpec, have: dict[str, float]) -> None:
-    """Raise an InputError when the cluster has fewer devices or CPUs than the spec asks for."""
+def bundle_resources(spec: RunSpec) -> dict[str, float]:
+    """One rank's placement-group bundle: a device of the spec's kind, its CPUs and, with
+    `resources.memory_gb`, its share of the node's host memory in whole bytes (rounded down)."""
     res = spec.resources
-    kind = devices.get_kind(res.device_type)
-    asked = devices.ray_resources(kind, spec.world_size, res.cpus_per_device)
-    short = {k: v for k, v in asked.items() if have.get(k, 0) < v}
-    if short:
+    bundle: dict[str, float] = dict(
+        devices.ray_resources(devices.get_kind(res.device_type), 1, res.cpus_per_device))
+    if res.memory_gb is not None:
+        bundle["memory"] = int(res.memory_gb * GIB) // res.devices_per_node
+    return bundle
+
+
+def role_share(bundle: dict[str, float], colocated: int) -> dict[str, Any]:
+    """Ray actor options of one of `colocated` roles sharing a bundle equally: `num_cpus`,
+    `num_gpus` on GPUs, `memory` in whole bytes (rounded down, so the shares fit the bundle)
+    and the other resources (NPU)."""
+    share = {k: v / colocated for k, v in bundle.items() if k != "memory"}
+    options: dict[str, Any] = {"num_cpus": share.pop("CPU")}
+    if "GPU" in share:
+        options["num_gpus"] = share.pop("GPU")
+    if "memory" in bundle:
+        options["memory"] = int(bundle["memory"]) // colocated
+    if share:
+        options["resources"] = share
+    return options
+
+
+def check_resources(spec: RunSpec, have: dict[str, float]) -> None:
+    """Raise an InputError when the cluster has fewer devices, CPUs or bytes of memory (Ray's
+    `memory` resource) than the spec asks for."""
+    res = spec.resources
+    asked = {k: v * spec.world_size for k, v in bundle_resources(spec).items()}
+    memory = asked.pop("memory", None)
+    problems = []
+    if any(have.get(k, 0) < v for k, v in asked.items()):
         shown = ", ".join(f"{k} {have.get(k, 0):g}" for k in sorted({*asked, "CPU", "GPU", "NPU"}))
         wanted = ", ".join(f"{k} {v:g}" for k, v in asked.items())
-        raise InputError(
+        problems.append(
             f"resources: the run asks for {wanted} ({res.num_nodes} node(s) x "
             f"{res.devices_per_node} {res.device_type} device(s), {res.cpus_per_device} CPU(s) "
             f"per device) but the Ray cluster has {shown}: lower resources.devices_per_node or "
             "resources.cpus_per_device, or add nodes")
+    if memory is not None and have.get("memory", 0) < memory:
+        problems.append(
+            f"resources.memory_gb: the run asks for {res.memory_gb:g} GiB of host memory per "
+            f"node x {res.num_nodes} node(s) ({memory / GIB:.2f} GiB) but the Ray cluster has "
+            f"{have.get('memory', 0) / GIB:.2f} GiB of memory (Ray's `memory` resource: what its "
+            "nodes leave to tasks and actors beside the object store): lower "
+            "resources.memory_gb, set it to null to ask for none, or add nodes")
+    if problems:
+        raise InputError("; ".join(problems))
 
 
 def ray_roles(spec: RunSpec, *, model_path: str, total_steps: int, reference: bool,
@@ -145,34 +184,27 @@ def ray_roles(spec: RunSpec, *, model_path: str, total_steps: int, reference: bo
     try:
         check_resources(spec, ray.cluster_resources())
         res, kind = spec.resources, devices.get_kind(spec.resources.device_type)
-        bundle = devices.ray_resources(kind, 1, res.cpus_per_device)
+        bundle = bundle_resources(spec)
         strategy = "STRICT_PACK" if res.num_nodes == 1 else "PACK"
         group = placement_group([dict(bundle)] * spec.world_size, strategy=strategy)
         cleanup.insert(0, lambda: remove_placement_group(group))
         if not group.wait(PLACEMENT_TIMEOUT_S):
+            hint = ("; every node must hold resources.memory_gb of Ray's `memory` for its "
+                    "devices" if "memory" in bundle else "")
             raise InputError(
                 f"resources: {spec.world_size} bundles of {bundle} ({strategy}) could not be "
-                f"placed within {PLACEMENT_TIMEOUT_S:.0f} s; free: {ray.available_resources()}")
+                f"placed within {PLACEMENT_TIMEOUT_S:.0f} s; free: {ray.available_resources()}"
+                f"{hint}")
         colocated = 1 + int(reference) + int(spec.critic.enable)
         threads = max(1, res.cpus_per_device // colocated)
 
+        share = role_share(bundle, colocated)
+
         def options() -> list[dict[str, Any]]:
-            out = []
-            for rank in range(spec.world_size):
-                share = {k: v / colocated for k, v in bundle.items()}
-                opts: dict[str, Any] = {
-                    "num_cpus": share.pop("CPU"),
-                    "scheduling_strategy": PlacementGroupSchedulingStrategy(
+            return [{**share, "scheduling_strategy": PlacementGroupSchedulingStrategy(
                         placement_group=group, placement_group_bundle_index=rank),
-                    "runtime_env": {"env_vars": _rank_env(threads)},
-                    "name": None,
-                }
-                if "GPU" in share:
-                    opts["num_gpus"] = share.pop("GPU")
-                if share:
-                    opts["resources"] = share
-                out.append(opts)
-            return out
+                     "runtime_env": {"env_vars": _rank_env(threads)}, "name": None}
+                    for rank in range(spec.world_size)]
 
         backend = kind.backend
         common = {"size": spec.world_size, "backend": backend, "timeout_s": ROLE_START_TIMEOUT_S}

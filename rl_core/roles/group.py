@@ -16,9 +16,10 @@ failure.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -38,11 +39,40 @@ class Worker:
     def __init__(self, rank: int = 0, world_size: int = 1) -> None:
         self.rank, self.world_size = rank, world_size
         self.dp_group = None
+        self.stage_peaks: dict[str, float] = {}  # stage -> peak bytes (see `measured`)
         threads = os.environ.get("RL_CORE_THREADS")  # set per rank by the Ray placement
         if threads:
             import torch
 
             torch.set_num_threads(int(threads))
+
+    @contextlib.contextmanager
+    def measured(self, stage: str) -> Iterator[None]:
+        """Record the device's peak memory during `stage` (on cpu the process's peak resident
+        set); `memory()` reports it."""
+        from rl_core import device as devices
+
+        device = getattr(self, "device", "cpu")
+        devices.reset_peak(device)
+        try:
+            yield
+        finally:
+            peak = devices.memory_stats(device)["peak_bytes"]
+            self.stage_peaks[stage] = max(self.stage_peaks.get(stage, 0.0), peak)
+
+    def memory(self) -> dict[str, float]:
+        """Memory now (`allocated_bytes`), the peak since the last call (`peak_bytes`) and the
+        peak of each stage measured since (`<stage>/peak_bytes`); then a new period starts."""
+        from rl_core import device as devices
+
+        device = getattr(self, "device", "cpu")
+        stats = devices.memory_stats(device)
+        out = {**{f"{stage}/peak_bytes": peak for stage, peak in self.stage_peaks.items()},
+               "allocated_bytes": stats.get("allocated_bytes", 0.0),
+               "peak_bytes": max([stats["peak_bytes"], *self.stage_peaks.values()])}
+        self.stage_peaks = {}
+        devices.reset_peak(device)
+        return out
 
     def ping(self) -> int:
         """The process id: proves the rank is up (and lets tests kill it)."""
@@ -56,12 +86,27 @@ class Worker:
             return host, sock.getsockname()[1]
 
     def init_distributed(self, host: str, port: int, backend: str) -> None:
+        """Join the role's process group (a role's ranks are processes of their own; in the
+        local backend the roles share one process and its one-rank group), then
+        `on_distributed`."""
         import torch.distributed as dist
 
-        dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=self.rank,
-                                world_size=self.world_size,
-                                timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+        if not dist.is_initialized():
+            dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=self.rank,
+                                    world_size=self.world_size,
+                                    timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+        elif dist.get_world_size() != self.world_size:
+            raise RuntimeError(f"{self.role}: this process is in a group of "
+                               f"{dist.get_world_size()} ranks, not {self.world_size}")
         self.dp_group = dist.group.WORLD
+        self.on_distributed()
+
+    def init_alone(self, backend: str) -> None:
+        """A group of this one rank (FSDP2 shards over a process group, even of one rank)."""
+        self.init_distributed(*self.rendezvous(), backend)
+
+    def on_distributed(self) -> None:
+        """What a role builds once its process group exists (a sharded engine)."""
 
     def drain(self, channel: Any, stage: str, needs: Sequence[str], chunk_size: int,
               timeout_s: float) -> dict[str, float]:

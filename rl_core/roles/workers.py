@@ -19,12 +19,13 @@ import contextlib
 import copy
 import random
 from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from rl_core import algos
-from rl_core.checkpoint import rng_state, set_rng_state
+from rl_core.checkpoint import SHARDED_DIRS, rng_state, set_rng_state
 from rl_core.data.batch import Batch
 from rl_core.data.prompts import decode_rows
 from rl_core.engines import rollout_engine, training_engine
@@ -51,6 +52,19 @@ def role_device(spec: RunSpec, device: str | None) -> torch.device:
     from rl_core import device as devices
 
     return devices.torch_device(devices.get_kind(spec.resources.device_type), 0)
+
+
+def role_backend(spec: RunSpec) -> str:
+    """The collective backend of the spec's device kind (gloo, nccl, hccl)."""
+    from rl_core import device as devices
+
+    return devices.get_kind(spec.resources.device_type).backend
+
+
+def role_mesh(device: torch.device, size: int):
+    from rl_core import device as devices
+
+    return devices.device_mesh(device, size)
 
 
 def temperature_of(params: SamplingParams) -> float:
@@ -108,19 +122,13 @@ class ActorWorker(Worker):
         if not self.sharded:
             self.engine = training_engine(spec.actor.strategy).from_spec(
                 self.model, spec.actor, total_steps, spec.model.dtype, self.device)
-        elif world_size == 1:  # FSDP2 shards over a process group, even of one rank
-            from rl_core import device as devices
+        elif world_size == 1:
+            self.init_alone(role_backend(spec))
 
-            self.init_distributed(*self.rendezvous(),
-                                  devices.get_kind(spec.resources.device_type).backend)
-
-    def init_distributed(self, host: str, port: int, backend: str) -> None:
-        super().init_distributed(host, port, backend)
+    def on_distributed(self) -> None:
         if not self.sharded:
             self.engine.dp_group = self.dp_group
             return
-        from rl_core import device as devices
-
         # The training engine shards its own copy, given on the host; the rollout keeps the full
         # model, synced from the shards after every update.
         if self.device.type == "cpu":
@@ -129,7 +137,7 @@ class ActorWorker(Worker):
             source, _ = load_policy(self.spec, self.model_path, torch.device("cpu"))
         self.engine = training_engine("fsdp2").from_spec(
             source, self.spec.actor, self.total_steps, self.spec.model.dtype,
-            devices.device_mesh(self.device, self.world_size))
+            role_mesh(self.device, self.world_size))
 
     # ----------------------------------------------------------------------- rollout
 
@@ -146,16 +154,11 @@ class ActorWorker(Worker):
             generator = torch.Generator().manual_seed(seed)
             uniforms = draw_uniforms(rows, params.max_new_tokens, generator, row_range=row_range,
                                      device=self.device)
-        return self.rollout.generate(prompt_ids, params, uniforms=uniforms).to("cpu")
+        with self.measured("rollout"):
+            return self.rollout.generate(prompt_ids, params, uniforms=uniforms).to("cpu")
 
     def free_cache(self) -> None:
         self.rollout.free_cache()
-
-    def memory(self) -> dict[str, float]:
-        """Allocated and peak memory of this rank's device (on CPU: the process's resident set)."""
-        from rl_core import device as devices
-
-        return devices.memory_stats(self.device)
 
     # ----------------------------------------------------------------------- log-probs, update
 
@@ -167,24 +170,26 @@ class ActorWorker(Worker):
     def old_logprobs(self, cols: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """Log-probs of the responses under the current policy. A sharded actor is called on
         every rank's share at once (its forward is a collective: it cannot pull channel chunks)."""
-        logprobs, _ = self.engine.forward_logprobs(
-            cols["input_ids"], cols["attention_mask"], cols["position_ids"],
-            cols["response_mask"].shape[1], temperature=temperature_of(self.sampling),
-            micro_batch_size=self.spec.rollout.log_prob_micro_batch_size)
+        with self.measured("old_logprob"):
+            logprobs, _ = self.engine.forward_logprobs(
+                cols["input_ids"], cols["attention_mask"], cols["position_ids"],
+                cols["response_mask"].shape[1], temperature=temperature_of(self.sampling),
+                micro_batch_size=self.spec.rollout.log_prob_micro_batch_size)
         return logprobs.cpu()
 
     def update(self, minis: list[dict[str, torch.Tensor]], step: int) -> list[dict[str, float]]:
         """One optimizer step per mini-batch shard (this rank's rows of each mini-batch)."""
         self.rollout.free_cache()
         out = []
-        for mini in minis:
-            try:
-                out.append(self.engine.train_step(
-                    mini, self.loss_fn, micro_batch_size=self.spec.actor.ppo_micro_batch_size,
-                    loss_agg_mode=self.spec.actor.loss_agg_mode,
-                    temperature=temperature_of(self.sampling), with_entropy=True))
-            except NonFiniteError as exc:
-                raise TrainingStopped(step, str(exc), exc.metrics) from exc
+        with self.measured("update"):
+            for mini in minis:
+                try:
+                    out.append(self.engine.train_step(
+                        mini, self.loss_fn, micro_batch_size=self.spec.actor.ppo_micro_batch_size,
+                        loss_agg_mode=self.spec.actor.loss_agg_mode,
+                        temperature=temperature_of(self.sampling), with_entropy=True))
+                except NonFiniteError as exc:
+                    raise TrainingStopped(step, str(exc), exc.metrics) from exc
         out[-1].update(self.sync_rollout())
         return out
 
@@ -193,7 +198,8 @@ class ActorWorker(Worker):
         """A step with another loss (DPO): the engine's `train_step` on this rank's rows."""
         self.rollout.free_cache()
         try:
-            metrics = self.engine.train_step(batch, loss_fn, **dict(options or {}))
+            with self.measured("update"):
+                metrics = self.engine.train_step(batch, loss_fn, **dict(options or {}))
         except NonFiniteError as exc:
             raise TrainingStopped(step, str(exc), exc.metrics) from exc
         return {**metrics, **self.sync_rollout()}
@@ -206,14 +212,18 @@ class ActorWorker(Worker):
         import time
 
         started = time.perf_counter()
-        self.rollout.load_weights(self.engine.weight_buckets())
+        with self.measured("weight_sync"):
+            self.rollout.load_weights(self.engine.weight_buckets())
         return {"timing/weight_sync": time.perf_counter() - started}
 
     # ----------------------------------------------------------------------- checkpoints
 
     def save_model(self, path: str) -> None:
         """The policy as a Hugging Face folder (sharded: the rollout's full copy, which holds
-        the trained weights since the last sync)."""
+        the trained weights since the last sync) and, sharded, the float32 master weights and
+        the optimizer state under `dcp/actor`, each rank writing its part."""
+        if self.sharded:
+            self.engine.save_sharded(Path(path) / SHARDED_DIRS["actor"])
         if self.rank == 0:
             self.model.save_pretrained(path, safe_serialization=True)
             self.tokenizer.save_pretrained(path)
@@ -222,7 +232,12 @@ class ActorWorker(Worker):
         return {"engine": copy.deepcopy(self.engine.state_dict()), "rng": rng_state()}
 
     def load_state(self, state: Mapping[str, Any]) -> None:
+        """Restore `state()`; sharded, also the shards of checkpoint `state["checkpoint"]`
+        (saved by any number of ranks), then the rollout takes the restored weights."""
         self.engine.load_state_dict(state["engine"])
+        if self.sharded:
+            self.engine.load_sharded(Path(state["checkpoint"]) / SHARDED_DIRS["actor"])
+            self.sync_rollout()
         set_rng_state(state["rng"])
 
 
@@ -262,7 +277,9 @@ def policy_loss_fn(spec: RunSpec, sampling: SamplingParams) -> Callable:
 
 
 class ReferenceWorker(Worker):
-    """The frozen initial policy."""
+    """The frozen initial policy. With `actor.strategy: fsdp2` its parameters are sharded over
+    the ranks too (no gradients, no optimizer state) and its stage is called on every rank's
+    share at once, as the sharded actor's."""
 
     role = "reference"
 
@@ -271,16 +288,31 @@ class ReferenceWorker(Worker):
         super().__init__(rank, world_size)
         self.spec = spec
         self.device = role_device(spec, device)
+        self.sharded = spec.actor.strategy == "fsdp2"
         self.offload = spec.reference.offload and self.device.type != "cpu"
-        home = torch.device("cpu") if self.offload else self.device
+        home = torch.device("cpu") if self.offload or self.sharded else self.device
         if model is None:
             model, _ = load_policy(spec, spec.model.path, home)
         self.model = model.to(home).eval().requires_grad_(False)
         self.temperature = temperature_of(SamplingParams.from_config(spec.rollout))
+        self.engine = None
+        if self.sharded and world_size == 1:
+            self.init_alone(role_backend(spec))
+
+    def on_distributed(self) -> None:
+        if not self.sharded:
+            return
+        from rl_core.engines.fsdp import FSDP2Engine
+
+        source = copy.deepcopy(self.model) if self.device.type == "cpu" else self.model
+        self.engine = FSDP2Engine.frozen(source, mesh=role_mesh(self.device, self.world_size),
+                                         param_dtype=self.spec.model.dtype,
+                                         offload=self.offload)
+        self.model = self.engine.model
 
     @contextlib.contextmanager
     def _on_device(self) -> Iterator[None]:
-        if not self.offload:
+        if not self.offload or self.sharded:  # sharded: FSDP2 brings each layer over in turn
             yield
             return
         from rl_core import device as devices
@@ -295,10 +327,20 @@ class ReferenceWorker(Worker):
     def compute(self, stage: str, chunk: Any) -> dict[str, Any]:
         if stage != "ref_logprob":
             return super().compute(stage, chunk)
-        with self._on_device():
+        with self.measured("ref_logprob"), self._on_device():
             return {"ref_logprobs": sequence_logprobs(
                 self.model, chunk.columns, self.temperature,
                 self.spec.reference.log_prob_micro_batch_size)}
+
+    def ref_logprobs(self, cols: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """The `ref_logprob` stage of a sharded reference on this rank's share (all ranks at
+        once: its forward is a collective)."""
+        with self.measured("ref_logprob"):
+            logprobs, _ = self.engine.forward_logprobs(
+                cols["input_ids"], cols["attention_mask"], cols["position_ids"],
+                cols["response_mask"].shape[1], temperature=self.temperature,
+                micro_batch_size=self.spec.reference.log_prob_micro_batch_size)
+        return logprobs.cpu()
 
 
 # --------------------------------------------------------------------------- reward
@@ -351,54 +393,76 @@ class RewardWorker(Worker):
 
 
 class CriticWorker(Worker):
-    """PPO's value model: the policy's (or `critic.model_path`'s) weights with a scalar head."""
+    """PPO's value model: the policy's (or `critic.model_path`'s) weights with a scalar head,
+    trained by the actor's kind of engine (`actor.strategy`: plain, or sharded with FSDP2)."""
 
     role = "critic"
 
     def __init__(self, spec: RunSpec, *, total_steps: int, model_path: str | None = None,
                  rank: int = 0, world_size: int = 1, device: str | None = None):
         super().__init__(rank, world_size)
-        from transformers import AutoModelForTokenClassification
-
-        self.spec = spec
-        self.device = role_device(spec, device)
-        seed_everything(spec.seed, spec.trainer.deterministic)
+        from transformers import AutoConfig, AutoModelForTokenClassification
         from transformers.utils import logging as hf_logging
 
         from rl_core.models.loading import resolve_model_path
 
+        self.spec = spec
+        self.device = role_device(spec, device)
+        self.sharded = spec.actor.strategy == "fsdp2"
+        seed_everything(spec.seed, spec.trainer.deterministic)
         path = resolve_model_path(model_path or spec.critic.model_path or spec.model.path)
         verbosity = hf_logging.get_verbosity()
         hf_logging.set_verbosity_error()  # the new value head is expected, not worth a warning
         try:
+            # no dropout before the value head (token classifiers default to 0.1): values must
+            # be a function of the weights, the same on every rank and in every pass
+            config = AutoConfig.from_pretrained(
+                path, num_labels=1, trust_remote_code=spec.model.trust_remote_code)
+            config.classifier_dropout = 0.0
             model = AutoModelForTokenClassification.from_pretrained(
-                path, num_labels=1, trust_remote_code=spec.model.trust_remote_code,
+                path, config=config, trust_remote_code=spec.model.trust_remote_code,
                 dtype=torch.float32)
         finally:
             hf_logging.set_verbosity(verbosity)
         critic = spec.critic
-        # the plain engine: a sharded critic is not built (the spec refuses fsdp2 with a critic)
-        self.engine = TrainEngine(
-            model, head=ValueHead(), lr=critic.lr, weight_decay=spec.actor.weight_decay,
-            warmup_steps=critic.warmup_steps, lr_scheduler="constant", total_steps=total_steps,
-            grad_clip=spec.actor.grad_clip, param_dtype=spec.model.dtype, device=self.device,
-            micro_batch_size=critic.ppo_micro_batch_size, loss_agg_mode="token-mean",
-            metric_prefix="critic/")
-        self.model = self.engine.model
+        self.options = {
+            "head": ValueHead(), "lr": critic.lr, "weight_decay": spec.actor.weight_decay,
+            "warmup_steps": critic.warmup_steps, "lr_scheduler": "constant",
+            "total_steps": total_steps, "grad_clip": spec.actor.grad_clip,
+            "param_dtype": spec.model.dtype, "micro_batch_size": critic.ppo_micro_batch_size,
+            "loss_agg_mode": "token-mean", "metric_prefix": "critic/"}
+        self.model = model
+        self.engine = None
+        if not self.sharded:
+            self.engine = TrainEngine(model, device=self.device, **self.options)
+            self.model = self.engine.model
+        elif world_size == 1:
+            self.init_alone(role_backend(spec))
 
-    def init_distributed(self, host: str, port: int, backend: str) -> None:
-        super().init_distributed(host, port, backend)
-        self.engine.dp_group = self.dp_group
+    def on_distributed(self) -> None:
+        if not self.sharded:
+            self.engine.dp_group = self.dp_group
+            return
+        from rl_core.engines.fsdp import FSDP2Engine
+
+        self.engine = FSDP2Engine(self.model, mesh=role_mesh(self.device, self.world_size),
+                                  **self.options)
+        self.model = self.engine.model
 
     def compute(self, stage: str, chunk: Any) -> dict[str, Any]:
         if stage != "values":
             return super().compute(stage, chunk)
-        cols = chunk.columns
-        values, _ = self.engine.forward_logprobs(
-            cols["input_ids"], cols["attention_mask"], cols["position_ids"],
-            cols["response_mask"].shape[1],
-            micro_batch_size=self.spec.critic.ppo_micro_batch_size)
-        return {"values": values.cpu() * cols["response_mask"]}
+        return {"values": self.values(chunk.columns)}
+
+    def values(self, cols: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """Values of the response tokens (0 past each response); sharded, every rank's share
+        at once."""
+        with self.measured("values"):
+            values, _ = self.engine.forward_logprobs(
+                cols["input_ids"], cols["attention_mask"], cols["position_ids"],
+                cols["response_mask"].shape[1],
+                micro_batch_size=self.spec.critic.ppo_micro_batch_size)
+        return values.cpu() * cols["response_mask"]
 
     def update(self, minis: list[dict[str, torch.Tensor]], step: int) -> list[dict[str, float]]:
         cliprange = self.spec.critic.cliprange_value
@@ -410,20 +474,28 @@ class CriticWorker(Worker):
                           "critic/vpred_mean": algos.masked_mean(values.detach(), mask)}
 
         out = []
-        for mini in minis:
-            try:
-                out.append(self.engine.train_step(mini, loss_fn))
-            except NonFiniteError as exc:
-                raise TrainingStopped(step, f"critic: {exc}", exc.metrics) from exc
+        with self.measured("update"):
+            for mini in minis:
+                try:
+                    out.append(self.engine.train_step(mini, loss_fn))
+                except NonFiniteError as exc:
+                    raise TrainingStopped(step, f"critic: {exc}", exc.metrics) from exc
         return out
 
     def save_model(self, path: str) -> None:
+        """The value model as a Hugging Face folder under `path` (rank 0); sharded, its full
+        weights gathered from every rank first, and its sharded state under `dcp/critic`."""
+        state = None
+        if self.sharded:
+            self.engine.save_sharded(Path(path).parent / SHARDED_DIRS["critic"])
+            state = self.engine.full_state_dict()
         if self.rank == 0:
-            self.model.save_pretrained(path, safe_serialization=True)
+            self.model.save_pretrained(path, safe_serialization=True, state_dict=state)
 
     def state(self) -> dict[str, Any]:
         return {"engine": copy.deepcopy(self.engine.state_dict())}
 
     def load_state(self, state: Mapping[str, Any]) -> None:
         self.engine.load_state_dict(state["engine"])
-
+        if self.sharded:
+            self.engine.load_sharded(Path(state["checkpoint"]) / SHARDED_DIRS["critic"])

@@ -87,3 +87,25 @@ def sft_base(tmp_path_factory, tiny_cache) -> Path:
         "trainer": {"total_steps": 120, "output_dir": str(out), "logger": []},
     })).fit()
     return out / "checkpoints" / "step_120"
+
+
+@pytest.fixture(scope="session")
+def plain_run(sft_base, tmp_path_factory):
+    """`plain_run(algorithm)`: the comparable metrics of the golden spec's run on one rank with
+    the plain engine, in process (made once per session and algorithm)."""
+    from golden_runs import comparable, golden_spec
+    from test_trainer import read_metrics
+
+    from rl_core.recipes import run
+    from rl_core.spec import resolve_spec
+
+    runs: dict[str, list[dict]] = {}
+
+    def get(algorithm: str) -> list[dict]:
+        if algorithm not in runs:
+            out = tmp_path_factory.mktemp(f"plain-{algorithm}") / "run"
+            run(resolve_spec(golden_spec(algorithm, sft_base, out, 1)), backend="local")
+            runs[algorithm] = comparable(read_metrics(out))
+        return runs[algorithm]
+
+    return get

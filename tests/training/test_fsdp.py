@@ -1,6 +1,6 @@
 """`actor.strategy: fsdp2` through the recipes: on two Ray ranks it equals the plain engine on one
-(the recorded golden runs), the rollout's weights equal the trained ones after every sync, and a
-checkpoint saved on two ranks resumes on one."""
+(the golden specs, both run here), the rollout's weights equal the trained ones after every sync,
+and a sharded checkpoint saved on two ranks resumes on one and exports to transformers."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ import json
 
 import pytest
 import torch
-from test_golden import GOLDEN, _comparable, golden_spec
+from golden_runs import comparable, golden_spec
 from test_trainer import read_metrics
 
+from rl_core.errors import InputError
 from rl_core.recipes import run
 from rl_core.recipes.rl import RLTrainer
 from rl_core.spec import resolve_spec
@@ -23,17 +24,27 @@ def fsdp_spec(algorithm: str, base, out, devices: int, **trainer) -> dict:
     return spec
 
 
-@pytest.mark.parametrize("algorithm", ["grpo", "dpo"])
-def test_two_sharded_ranks_equal_the_plain_engine_on_one(algorithm, tmp_path, sft_base, local_ray):
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo", "dpo"])
+def test_two_sharded_ranks_equal_the_plain_engine_on_one(algorithm, tmp_path, sft_base, local_ray,
+                                                         plain_run):
     out = tmp_path / "run"
     run(resolve_spec(fsdp_spec(algorithm, sft_base, out, 2)), backend="ray")
-    logged = _comparable(read_metrics(out))
-    plain = json.loads((GOLDEN / f"{algorithm}-1rank.json").read_text())
+    logged = comparable(read_metrics(out))
+    plain = plain_run(algorithm)
     assert [r["step"] for r in logged] == [r["step"] for r in plain]
     assert any(r.get("actor/grad_norm", 0) > 0 for r in plain)
     for got, want in zip(logged, plain):
         assert sorted(got) == sorted(want), got["step"]
-        assert got == pytest.approx(want, rel=1e-4, abs=1e-6), got["step"]
+        assert_close(got, want)
+
+
+def assert_close(got: dict, want: dict) -> None:
+    """Equal up to the rounding of sums taken in another order. A clip fraction counts tokens
+    on either side of a threshold, and the critic's first values sit exactly on it (new values
+    = old values): there rounding moves a token or two, so a clip fraction may differ by 2 %."""
+    for name, value in want.items():
+        tolerance = {"abs": 0.02} if name.endswith("clipfrac") else {"rel": 1e-4, "abs": 1e-5}
+        assert got[name] == pytest.approx(value, **tolerance), (got["step"], name)
 
 
 def test_the_rollout_holds_the_trained_weights_after_every_update(tmp_path, sft_base):
@@ -60,13 +71,36 @@ def test_a_checkpoint_of_two_ranks_resumes_on_one(tmp_path, sft_base, local_ray)
     for _ in range(2):
         interrupted.train_step()
         interrupted.step += 1
-    interrupted.save()  # sharded optimizer state gathered in full; then the run "dies"
+    saved = interrupted.save()  # each rank writes its shards; then the run "dies"
     interrupted.close()
+    assert len(list((saved / "dcp" / "actor").glob("*.distcp"))) == 2
+    _check_export(saved, tmp_path / "exported")
+    with pytest.raises(InputError, match="saved with actor.strategy=fsdp2, this run uses torch"):
+        RLTrainer(resolve_spec(golden_spec("grpo", sft_base, out, 1)))
     resumed = RLTrainer(resolve_spec(fsdp_spec("grpo", sft_base, out, 1)))  # resume_mode auto
     assert resumed.step == 2
     resumed.fit()
-    want = {r["step"]: r for r in _comparable(read_metrics(straight))}
-    got = {r["step"]: r for r in _comparable(read_metrics(out))}
+    want = {r["step"]: r for r in comparable(read_metrics(straight))}
+    got = {r["step"]: r for r in comparable(read_metrics(out))}
     assert sorted(got) == [3, 4, 5]
     for step in got:  # the steps after the resume, on one rank, equal the straight run's
-        assert got[step] == pytest.approx(want[step], rel=1e-4, abs=1e-6), step
+        assert_close(got[step], want[step])
+
+
+def _check_export(checkpoint, out) -> None:
+    """`python -m rl_core export` of a two-rank checkpoint loads in transformers with the
+    trained weights: the same logits as the checkpoint's own Hugging Face weights."""
+    import subprocess
+    import sys
+
+    from transformers import AutoModelForCausalLM
+
+    done = subprocess.run([sys.executable, "-m", "rl_core", "export", str(checkpoint), str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1])["weights"] == "sharded master weights"
+    exported = AutoModelForCausalLM.from_pretrained(out, local_files_only=True)
+    trained = AutoModelForCausalLM.from_pretrained(checkpoint, local_files_only=True)
+    ids = torch.arange(3, 19).reshape(2, 8)
+    with torch.no_grad():
+        assert torch.equal(exported(ids).logits, trained(ids).logits)

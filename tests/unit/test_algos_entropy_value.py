@@ -86,3 +86,15 @@ def test_value_loss_matches_loop(seed):
     loss, metrics = value_loss(values, old_values, returns, mask, cliprange_value=0.2)
     torch.testing.assert_close(loss.item(), 0.5 * total / count)
     torch.testing.assert_close(metrics["vf_clipfrac"].item(), clipped / count)
+
+
+def test_values_inside_the_clip_range_are_never_counted_as_clipped():
+    g = torch.Generator().manual_seed(0)
+    old = torch.randn(64, 16, generator=g)
+    values = old + 1e-3 * torch.randn(64, 16, generator=g)  # within the range, not equal to it
+    returns = torch.randn(64, 16, generator=g)
+    mask = torch.ones(64, 16)
+    _, metrics = value_loss(values, old, returns, mask, cliprange_value=0.5)
+    assert metrics["vf_clipfrac"] == 0
+    _, metrics = value_loss(old + 1.0, old, returns, mask, cliprange_value=0.5)  # all outside
+    assert 0 < metrics["vf_clipfrac"] < 1  # clipped where the clipped loss is the larger

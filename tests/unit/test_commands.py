@@ -58,3 +58,16 @@ def test_every_example_spec_is_valid():
                                           "grpo_qwen25_7b.yaml"}
     for path in examples:
         load_spec(path)
+
+
+def test_every_accelerator_example_fits_the_devices_it_names():
+    from rl_core import memory_plan as mp
+    from rl_core.spec import load_spec
+
+    named = [load_spec(p) for p in sorted((ROOT / "examples").glob("*.yaml"))]
+    accelerated = [s for s in named if s.resources.device_type == "npu"]
+    assert {s.model.path for s in accelerated} >= {"/models/Qwen2.5-7B-Instruct",
+                                                   "/models/Qwen3-8B"}
+    for spec in accelerated:
+        result = mp.plan(spec, mp.shape_of(spec))
+        assert result.fits, (spec.name, mp.format_table(result))

@@ -1,5 +1,6 @@
 """The FSDP2 engine on two CPU ranks (gloo) equals the plain engine on one: the same metrics and
-weights after steps on the two halves of each mini-batch, and a full state that reloads."""
+weights after steps on the two halves of each mini-batch; its sharded checkpoint (DCP, each rank
+its part) reloads on the same ranks and, resharded, on one; another model's is refused."""
 
 from __future__ import annotations
 
@@ -34,30 +35,69 @@ def batches(pad_id: int, model: torch.nn.Module) -> list[dict[str, torch.Tensor]
     return out
 
 
-def _rank(rank: int, world: int, rendezvous: str, out: str, cuts: tuple[int, ...]) -> None:
-    import torch.distributed as dist
+def full_optimizer_state(engine) -> dict[str, dict[str, torch.Tensor]]:
+    """The engine's AdamW state in full, by parameter name (a collective)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    return get_optimizer_state_dict(engine.model, engine.inner.optimizer, options=StateDictOptions(
+        full_state_dict=True, cpu_offload=False))["state"]
+
+
+def _engine(world: int, seed: int = 1):
     from torch.distributed.device_mesh import init_device_mesh
 
     from rl_core.engines.fsdp import FSDP2Engine
 
+    model, tokenizer = build_tiny("nano", seed=seed)
+    data = batches(tokenizer.pad_token_id, model)
+    return FSDP2Engine(model, mesh=init_device_mesh("cpu", (world,)), **OPTIONS), data
+
+
+def _rank(rank: int, world: int, rendezvous: str, out: str, cuts: tuple[int, ...]) -> None:
+    import torch.distributed as dist
+
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
     try:
-        model, tokenizer = build_tiny("nano", seed=1)
-        data = batches(tokenizer.pad_token_id, model)
-        engine = FSDP2Engine(model, mesh=init_device_mesh("cpu", (world,)), **OPTIONS)
+        engine, data = _engine(world)
         rows = slice(cuts[rank], cuts[rank + 1])
         metrics = [engine.train_step({k: v[rows] for k, v in b.items()}, ppo_loss_fn())
                    for b in data]
         weights = engine.full_state_dict()
-        state = engine.state_dict()
+        saved = full_optimizer_state(engine)
+        folder = f"{out}.dcp"
+        engine.save_sharded(folder)
         for moments in engine.inner.optimizer.state.values():  # spoil it, then reload the saved
             moments["exp_avg"].zero_()
-        engine.load_state_dict(state)
-        reloaded = engine.state_dict()
+        engine.load_sharded(folder)
+        reloaded = full_optimizer_state(engine)
         if rank == 0:
             torch.save({"metrics": metrics, "weights": weights, "step": engine.step,
-                        "saved": state["optimizer"]["state"],
-                        "reloaded": reloaded["optimizer"]["state"]}, out)
+                        "saved": saved, "reloaded": reloaded}, out)
+    finally:
+        dist.destroy_process_group()
+
+
+def _resharded(rank: int, rendezvous: str, folder: str, out: str) -> None:
+    """Load a two-rank checkpoint on one rank; then try it on another model."""
+    import torch.distributed as dist
+
+    from rl_core.errors import InputError
+
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=0, world_size=1)
+    try:
+        engine, _ = _engine(1)
+        engine.load_sharded(folder)
+        result = {"weights": engine.full_state_dict(), "state": full_optimizer_state(engine)}
+        from torch.distributed.device_mesh import init_device_mesh
+
+        from rl_core.engines.fsdp import FSDP2Engine
+
+        other, _ = build_tiny("nano", seed=1, intermediate_size=48)
+        try:
+            FSDP2Engine(other, mesh=init_device_mesh("cpu", (1,)), **OPTIONS).load_sharded(folder)
+        except InputError as exc:
+            result["refused"] = str(exc)
+        torch.save(result, out)
     finally:
         dist.destroy_process_group()
 
@@ -80,9 +120,11 @@ def test_two_sharded_ranks_equal_one_plain_rank(tmp_path, cuts):
     assert sharded["step"] == STEPS
     saved, reloaded = sharded["saved"], sharded["reloaded"]
     assert saved and sorted(saved) == sorted(reloaded)
-    for name, moments in saved.items():  # the full optimizer state came back on every shard
+    for name, moments in saved.items():  # the sharded optimizer state came back on every rank
         assert torch.equal(moments["exp_avg"], reloaded[name]["exp_avg"]), name
         assert moments["exp_avg"].abs().sum() > 0, name
+    shards = sorted(p.name for p in (tmp_path / "fsdp.pt.dcp").glob("*.distcp"))
+    assert len(shards) == 2, shards  # each rank wrote its own part
     state = plain.model.state_dict()
     assert sorted(sharded["weights"]) == sorted(state)
     for name, value in state.items():
@@ -98,3 +140,56 @@ def test_a_model_without_decoder_layers_is_refused():
 
     with pytest.raises(InputError, match="cannot find the decoder layers of Linear"):
         decoder_layers(torch.nn.Linear(2, 2))
+
+
+def test_a_two_rank_checkpoint_reloads_resharded_on_one_and_refuses_another_model(tmp_path):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    saved = tmp_path / "fsdp.pt"
+    mp.spawn(_rank, args=(2, str(tmp_path / "rendezvous"), str(saved), (0, 4, 8)), nprocs=2,
+             join=True)
+    out = tmp_path / "one.pt"
+    mp.spawn(_resharded, args=(str(tmp_path / "rendezvous1"), f"{saved}.dcp", str(out)),
+             nprocs=1, join=True)
+    two, one = torch.load(saved, weights_only=False), torch.load(out, weights_only=False)
+    for name, value in two["weights"].items():
+        assert torch.equal(one["weights"][name], value), name
+    for name, moments in two["saved"].items():
+        assert torch.equal(one["state"][name]["exp_avg_sq"], moments["exp_avg_sq"]), name
+    assert "another model's weights" in one["refused"]
+    assert "fsdp.pt.dcp" in one["refused"]
+
+
+def _offloaded(rank: int, rendezvous: str, out: str) -> None:
+    """The same steps with the shards in host memory (CPUOffloadPolicy) and without."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from rl_core.engines.fsdp import FSDP2Engine
+
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=0, world_size=1)
+    try:
+        result = {}
+        for offload in (False, True):
+            model, tokenizer = build_tiny("nano", seed=1)
+            data = batches(tokenizer.pad_token_id, model)
+            engine = FSDP2Engine(model, mesh=init_device_mesh("cpu", (1,)), offload_param=offload,
+                                 **OPTIONS)
+            metrics = [engine.train_step(b, ppo_loss_fn()) for b in data]
+            result[offload] = {"metrics": metrics, "weights": engine.full_state_dict(),
+                               "policy": type(engine.model._get_fsdp_state()._fsdp_param_group
+                                              .offload_policy).__name__}
+        torch.save(result, out)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_offloaded_shards_train_like_shards_on_the_device(tmp_path):
+    out = tmp_path / "offload.pt"
+    mp.spawn(_offloaded, args=(str(tmp_path / "rendezvous"), str(out)), nprocs=1, join=True)
+    result = torch.load(out, weights_only=False)
+    assert result[True]["policy"] == "CPUOffloadPolicy"
+    assert result[False]["policy"] == "OffloadPolicy"
+    for got, want in zip(result[True]["metrics"], result[False]["metrics"]):
+        assert got == pytest.approx(want, rel=1e-6, abs=1e-7)
+    for name, value in result[False]["weights"].items():
+        assert torch.allclose(result[True]["weights"][name], value, atol=1e-6), name

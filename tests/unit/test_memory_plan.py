@@ -220,6 +220,25 @@ def test_kv_cache_and_logits_bytes_by_hand():
     assert mp.logits_bytes(2, 20, 10, 2, training=False) == 2 * 20 * 10 * (2 + 8)
 
 
+def test_the_fast_decoder_copies_every_projection_on_cpu_and_the_fused_ones_elsewhere():
+    gpu, cpu = (by_name(mp.plan(small_spec(model={"dtype": "bfloat16"},
+                                           resources={"device_type": kind}), SMALL))
+                for kind in ("gpu", "cpu"))
+    # per layer q/k/v and gate/up outputs 8 + 2·4 + 2·16 = 48, weights and biases (8 + 1)·48;
+    # two layers in bfloat16
+    assert gpu["rollout packed weights"].bytes == 2 * 9 * 48 * 2
+    # on CPU oneDNN's prepacked o (8·8) and down (16·8) projections too
+    assert cpu["rollout packed weights"].bytes == 2 * 9 * 48 * 2 + 2 * (64 + 128) * 2
+
+
+def test_validation_batches_count_only_when_the_run_validates():
+    data = {"synthetic": {"task": "addition"}, "train_batch_size": 2, "val_batch_size": 32}
+    rows = {eval_every: mp.setup_of(small_spec(data=data, trainer={"eval_every": eval_every}))
+            for eval_every in (0, 5)}
+    assert (rows[0].rollout_prompts, rows[0].rollout_rows) == (2, 8)  # 2 prompts × 4 samples
+    assert (rows[5].rollout_prompts, rows[5].rollout_rows) == (32, 32)  # greedy, one each
+
+
 def test_phases_add_up_and_the_peak_is_the_largest():
     result = mp.plan(small_spec(), mp.tiny_shape("small"), 8 * mp.GIB)
     totals = result.phase_bytes()

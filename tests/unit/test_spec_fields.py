@@ -417,17 +417,29 @@ def test_the_form_says_a_refused_field_is_not_implemented_yet():
     assert sorted(marked) == sorted(NOT_IMPLEMENTED)
 
 
-def test_fsdp2_trains_the_actor_but_not_yet_a_critic():
-    raw = {"algorithm": "grpo", **MINIMAL, "resources": {"devices_per_node": 2}}
+def test_fsdp2_trains_the_actor_and_the_critic():
+    raw = {"algorithm": "ppo", **MINIMAL, "resources": {"devices_per_node": 2}}
     spec = resolve_spec(raw, ["data.train_batch_size=8", "actor.ppo_mini_batch_size=4",
                               "actor.strategy=fsdp2"])
-    assert spec.actor.strategy == "fsdp2"
-    with pytest.raises(SpecError) as caught:
-        resolve_spec({**raw, "algorithm": "ppo"}, ["data.train_batch_size=8",
-                                                   "actor.ppo_mini_batch_size=4",
-                                                   "actor.strategy=fsdp2"])
-    assert caught.value.errors == [{
-        "field": "actor.strategy",
-        "message": "fsdp2 with a critic (critic.enable, PPO) is not implemented yet: use "
-                   "actor.strategy=torch for PPO"}]
+    assert spec.actor.strategy == "fsdp2" and spec.critic.enable
 
+
+
+def test_offload_is_refused_on_cpu_and_offloaded_parameters_need_fsdp2():
+    raw = {"algorithm": "grpo", **MINIMAL}
+    with pytest.raises(SpecError) as caught:
+        resolve_spec(raw, ["actor.offload.optimizer=true"])
+    assert caught.value.errors == [{
+        "field": "actor.offload.optimizer",
+        "message": "on cpu the training state is in host memory already: offload is for npu "
+                   "and cuda devices; set it to false"}]
+    npu = {**raw, "resources": {"device_type": "npu", "devices_per_node": 2}}
+    sizes = ["data.train_batch_size=8", "actor.ppo_mini_batch_size=4"]
+    with pytest.raises(SpecError) as caught:
+        resolve_spec(npu, [*sizes, "actor.offload.param=true"])
+    assert [e["field"] for e in caught.value.errors] == ["actor.offload.param"]
+    assert "needs actor.strategy=fsdp2" in caught.value.errors[0]["message"]
+    spec = resolve_spec(npu, [*sizes, "actor.strategy=fsdp2", "actor.offload.param=true",
+                              "actor.offload.optimizer=true"])
+    assert spec.actor.offload.param and spec.actor.offload.optimizer
+    assert resolve_spec(npu, [*sizes, "actor.offload.optimizer=true"]).actor.offload.optimizer
