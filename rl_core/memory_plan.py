@@ -34,7 +34,10 @@ What each engine keeps (P parameters, D = `spec.data_parallel_size` devices, b t
   plain engine needs its parameters on the device in every phase, so offloading them saves
   nothing there.
 - The reference keeps only parameters (P·b); with `reference.offload` they wait in host memory
-  and come to the device for its log-prob stage. The critic (PPO) is the policy's body under a
+  and come to the device for its log-prob stage. Under `actor.strategy: fsdp2` it is sharded
+  in `model.dtype` (P·b/D, no float32 masters, gradients or moments) and gathers the root and
+  two layers to compute; with `reference.offload` the shards stay in host memory (on cpu
+  nothing is offloaded: the device is the host). The critic (PPO) is the policy's body under a
   one-output head and keeps parameters, gradients and moments like the actor (same strategy,
   no offload, no gradient checkpointing: the critic loads without it).
 
@@ -42,6 +45,10 @@ Phases. Memory is added up per phase, and the peak is the largest phase: `load` 
 their models), `rollout` (native generation: static KV cache, the fast decoder's packed
 weights), `log-probs` (the reference, old log-probs and values stages run at once),
 `backward` (actor and critic updates run at once) and `step` (gradient reduction and AdamW).
+The rollout generates the larger of a training batch and, when `trainer.eval_every` is set, a
+validation batch. The fast decoder copies q/k/v and gate/up into fused weights; on CPU it also
+keeps oneDNN's prepacked copy of the output and down projections (elsewhere it reads those in
+place), so there every layer weight is held twice while generating.
 
 Activations (bytes per token of a micro-batch, per decoder layer) follow Korthikanti et al.,
 "Reducing Activation Recomputation in Large Transformer Models" (2022), whose GPT count is
@@ -70,6 +77,14 @@ the float32 gradient); two more with an entropy bonus.
 Not counted: the runtime context of each process, the allocator's fragmentation and the
 communication buffers. A plan fits when its peak stays within (1 - HEADROOM_FRACTION) of the
 device's memory.
+
+On CPU the device is the host and a figure is the process's resident set above its imports.
+Against two GRPO steps of 24M to 147M parameter models (tests/training/test_memory_plan_measured.py,
+figures in bench/README.md) the peak is 2 to 12 % below the measured one when glibc gives freed
+blocks back (`MALLOC_MMAP_THRESHOLD_=65536`); the rest is the runtime context (code pages, the
+heap's small blocks, gloo with fsdp2), about 50 to 90 MiB. With glibc's default threshold, which
+rises as large blocks are freed, its heap keeps freed tensors for reuse and a run holds 7 to 25 %
+more than the plan.
 """
 
 from __future__ import annotations
@@ -388,7 +403,9 @@ def setup_of(spec: RunSpec) -> Setup:
     """The `Setup` of a resolved spec."""
     dp, n = spec.data_parallel_size, spec.rollout.n_samples_per_prompt
     prompts = math.ceil(spec.data.train_batch_size / dp)
-    val_rows = math.ceil(spec.data.val_batch_size / dp)  # greedy: one response per prompt
+    # greedy validation, one response per prompt, when the run evaluates (the spec then has
+    # validation prompts)
+    val_rows = math.ceil(spec.data.val_batch_size / dp) if spec.trainer.eval_every else 0
     return Setup(
         dtype=spec.model.dtype, strategy=spec.actor.strategy, devices=dp,
         gradient_checkpointing=spec.model.gradient_checkpointing,
@@ -646,8 +663,7 @@ def _rollout(s: Setup, shape: ModelShape) -> list[Component]:
         Component("rollout full weights", full, PHASES,
                   f"the rollout's own model in {s.dtype}, synced from the shards; it stays on "
                   "the device through every phase (nothing offloads it yet)"),
-        Component("rollout packed weights", shape.num_hidden_layers * (h + 1) * fused * b,
-                  ("rollout",), "q/k/v and gate/up concatenated with the norms folded in"),
+        _packed_weights(s, shape, fused),
         Component("rollout float32 head", shape.vocab_size * h * 4, ("rollout",),
                   "the output head with the final norm folded in"),
         Component("rollout KV cache", cache, ("rollout",),
@@ -659,6 +675,19 @@ def _rollout(s: Setup, shape: ModelShape) -> list[Component]:
         Component("rollout sampling logits", rows * shape.vocab_size * 16, ("rollout",),
                   "float32 logits, probabilities and the top-p/top-k sort"),
     ]
+
+
+def _packed_weights(s: Setup, shape: ModelShape, fused: int) -> Component:
+    """The fast decoder's copies of the layers' weights: q/k/v and gate/up concatenated with
+    the norms folded in (and their biases); on CPU oneDNN's prepacked copies of the output and
+    down projections too (on other devices those are the model's own tensors)."""
+    b, h, layers = s.dtype_bytes, shape.hidden_size, shape.num_hidden_layers
+    packed = layers * (h + 1) * fused * b
+    note = "q/k/v and gate/up concatenated with the norms folded in"
+    if s.device_type == "cpu":
+        packed += layers * h * (shape.q_width + shape.intermediate_size) * b
+        note += "; on CPU every projection prepacked for oneDNN"
+    return Component("rollout packed weights", packed, ("rollout",), note)
 
 
 def _kv_length(s: Setup) -> int:
@@ -742,11 +771,26 @@ def _forward(name: str, rows: int, s: Setup, shape: ModelShape, vocab: int) -> l
 def _reference(s: Setup, shape: ModelShape) -> list[Component]:
     if s.reference_rows is None:
         return []
-    phases = ("log-probs",) if s.reference_offload else PHASES
-    where = "host memory outside its stage" if s.reference_offload else "on the device"
+    forward = _forward("reference", s.reference_rows, s, shape, shape.vocab_size)
+    offload = s.reference_offload and s.device_type != "cpu"
+    if s.strategy == "fsdp2":  # sharded in model.dtype, without gradients or optimizer state
+        b = s.dtype_bytes
+        return [
+            Component("reference host copy before sharding", shape.parameters * b, (),
+                      f"loaded on the host in {s.dtype}, sharded in place", True),
+            Component("reference parameter shards", math.ceil(shape.parameters / s.devices) * b,
+                      () if offload else PHASES,
+                      f"{s.dtype}, 1/{s.devices} per device"
+                      + (", in host memory" if offload else ""), offload),
+            Component("reference gathered layers",
+                      (shape.root_parameters + 2 * shape.layer_parameters) * b, ("log-probs",),
+                      f"root + the running and the next layer, {s.dtype}"),
+            *forward]
+    phases = ("log-probs",) if offload else PHASES
+    where = "host memory outside its stage" if offload else "on the device"
     params = Component("reference parameters", shape.parameters * s.dtype_bytes, phases,
-                       f"{s.dtype}, {where}", s.reference_offload)
-    return [params, *_forward("reference", s.reference_rows, s, shape, shape.vocab_size)]
+                       f"{s.dtype}, {where}", offload)
+    return [params, *forward]
 
 
 def _critic(s: Setup, shape: ModelShape) -> list[Component]:

@@ -67,6 +67,18 @@ def role_mesh(device: torch.device, size: int):
     return devices.device_mesh(device, size)
 
 
+def host_copy(state: Any) -> Any:
+    """A copy of a (nested) state dict with every tensor in host memory: a checkpoint's copy of
+    the optimizer state never doubles it on the device."""
+    if isinstance(state, torch.Tensor):
+        return state.detach().to("cpu", copy=True)
+    if isinstance(state, Mapping):
+        return {key: host_copy(value) for key, value in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(host_copy(value) for value in state)
+    return copy.deepcopy(state)
+
+
 def temperature_of(params: SamplingParams) -> float:
     return params.temperature if params.do_sample else 1.0
 
@@ -229,7 +241,7 @@ class ActorWorker(Worker):
             self.tokenizer.save_pretrained(path)
 
     def state(self) -> dict[str, Any]:
-        return {"engine": copy.deepcopy(self.engine.state_dict()), "rng": rng_state()}
+        return {"engine": host_copy(self.engine.state_dict()), "rng": rng_state()}
 
     def load_state(self, state: Mapping[str, Any]) -> None:
         """Restore `state()`; sharded, also the shards of checkpoint `state["checkpoint"]`
@@ -304,8 +316,8 @@ class ReferenceWorker(Worker):
             return
         from rl_core.engines.fsdp import FSDP2Engine
 
-        source = copy.deepcopy(self.model) if self.device.type == "cpu" else self.model
-        self.engine = FSDP2Engine.frozen(source, mesh=role_mesh(self.device, self.world_size),
+        # sharded in place: the model is the reference's own (loaded on the host, or a copy)
+        self.engine = FSDP2Engine.frozen(self.model, mesh=role_mesh(self.device, self.world_size),
                                          param_dtype=self.spec.model.dtype,
                                          offload=self.offload)
         self.model = self.engine.model
@@ -493,7 +505,7 @@ class CriticWorker(Worker):
             self.model.save_pretrained(path, safe_serialization=True, state_dict=state)
 
     def state(self) -> dict[str, Any]:
-        return {"engine": copy.deepcopy(self.engine.state_dict())}
+        return {"engine": host_copy(self.engine.state_dict())}
 
     def load_state(self, state: Mapping[str, Any]) -> None:
         self.engine.load_state_dict(state["engine"])

@@ -60,13 +60,19 @@ def test_the_rollout_holds_the_trained_weights_after_every_update(tmp_path, sft_
                 assert torch.equal(value, rollout[name]), name
             assert metrics["timing/weight_sync"] > 0
         assert actor.rollout.model is not actor.engine.model  # the shards are a copy
+        memory = trainer.ctl.memory_metrics()  # each stage's peak since the last call
+        for stage in ("rollout", "old_logprob", "update", "weight_sync"):
+            assert memory[f"memory/actor/{stage}/peak_gb"] > 0, stage
+        assert memory["memory/reference/ref_logprob/peak_gb"] > 0
+        assert memory["memory/actor/peak_gb"] >= memory["memory/actor/update/peak_gb"]
+        again = trainer.ctl.memory_metrics()  # a new period: no stage has run in it yet
+        assert {k.rsplit("/", 1)[0] for k in again} == {"memory/actor", "memory/reference"}
     finally:
         trainer.close()
 
 
-def test_a_checkpoint_of_two_ranks_resumes_on_one(tmp_path, sft_base, local_ray):
-    straight, out = tmp_path / "straight", tmp_path / "run"
-    run(resolve_spec(fsdp_spec("grpo", sft_base, straight, 1)), backend="local")
+def test_a_checkpoint_of_two_ranks_resumes_on_one(tmp_path, sft_base, local_ray, plain_run):
+    out = tmp_path / "run"
     interrupted = RLTrainer(resolve_spec(fsdp_spec("grpo", sft_base, out, 2)), backend="ray")
     for _ in range(2):
         interrupted.train_step()
@@ -80,7 +86,7 @@ def test_a_checkpoint_of_two_ranks_resumes_on_one(tmp_path, sft_base, local_ray)
     resumed = RLTrainer(resolve_spec(fsdp_spec("grpo", sft_base, out, 1)))  # resume_mode auto
     assert resumed.step == 2
     resumed.fit()
-    want = {r["step"]: r for r in comparable(read_metrics(straight))}
+    want = {r["step"]: r for r in plain_run("grpo")}  # a straight run (sharding changes nothing)
     got = {r["step"]: r for r in comparable(read_metrics(out))}
     assert sorted(got) == [3, 4, 5]
     for step in got:  # the steps after the resume, on one rank, equal the straight run's

@@ -182,13 +182,20 @@ def test_fsdp2_shards_float32_master_state_over_the_data_parallel_ranks():
 def test_offload_moves_fsdp2_shards_and_the_reference_to_host_memory():
     spec = small_spec(model={"dtype": "bfloat16"}, reference={"offload": True})
     setup = dataclasses.replace(mp.setup_of(spec), strategy="fsdp2", devices=4,
-                                offload_param=True, offload_optimizer=True)
+                                offload_param=True, offload_optimizer=True, device_type="npu")
     result = mp.plan_setup(setup, SMALL, None)
     parts = by_name(result)
     assert parts["actor parameter shards"].phases == () and parts["actor parameter shards"].host
-    assert parts["reference parameters"].phases == ("log-probs",)
-    # params, grads, 2 moments; reference; the host copy sharded at load (bfloat16 + float32)
-    assert result.host_bytes == 318 * 4 * 4 + 1272 * 2 + 1272 * 6
+    assert parts["reference parameter shards"].phases == ()  # sharded too, kept on the host
+    assert parts["reference gathered layers"].phases == ("log-probs",)
+    # params, grads, 2 moments; the reference's host copy and its shards; the actor's host copy
+    # sharded at load (bfloat16 + float32)
+    assert result.host_bytes == 318 * 4 * 4 + 1272 * 2 + 318 * 2 + 1272 * 6
+    plain = by_name(mp.plan_setup(dataclasses.replace(setup, strategy="torch", offload_param=False),
+                                  SMALL, None))
+    assert plain["reference parameters"].phases == ("log-probs",)  # whole, on the device to run
+    on_cpu = by_name(mp.plan_setup(dataclasses.replace(setup, device_type="cpu"), SMALL, None))
+    assert on_cpu["reference parameter shards"].phases == mp.PHASES  # the device is the host
 
 
 def test_activations_per_token_by_hand_and_checkpointing_lowers_them():
