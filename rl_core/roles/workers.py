@@ -107,10 +107,35 @@ def sequence_logprobs(model, columns: Mapping[str, torch.Tensor], temperature: f
     return torch.cat(outs)
 
 
+class TrainedRole(Worker):
+    """A role with a training engine: the plain one at once, or (`actor.strategy: fsdp2`) a
+    sharded one built once the role's process group exists (a one-rank group when alone)."""
+
+    def start_engine(self, spec: RunSpec) -> None:
+        self.sharded = spec.actor.strategy == "fsdp2"
+        self.engine = None
+        if not self.sharded:
+            self.engine = self.plain_engine()
+        elif self.world_size == 1:
+            self.init_alone(role_backend(spec))
+
+    def on_distributed(self) -> None:
+        if self.sharded:
+            self.engine = self.sharded_engine(role_mesh(self.device, self.world_size))
+        else:
+            self.engine.dp_group = self.dp_group
+
+    def plain_engine(self) -> Any:
+        raise NotImplementedError
+
+    def sharded_engine(self, mesh: Any) -> Any:
+        raise NotImplementedError
+
+
 # --------------------------------------------------------------------------- actor + rollout
 
 
-class ActorWorker(Worker):
+class ActorWorker(TrainedRole):
     """The policy: training engine and rollout engine over one set of weights."""
 
     role = "actor"
@@ -129,27 +154,21 @@ class ActorWorker(Worker):
         self.rollout = rollout_engine(spec.rollout.engine).from_spec(
             self.model, tokenizer, spec.rollout, self.device)
         self.loss_fn = policy_loss_fn(spec, self.sampling)
-        self.sharded = spec.actor.strategy == "fsdp2"
-        self.engine = None
-        if not self.sharded:
-            self.engine = training_engine(spec.actor.strategy).from_spec(
-                self.model, spec.actor, total_steps, spec.model.dtype, self.device)
-        elif world_size == 1:
-            self.init_alone(role_backend(spec))
+        self.start_engine(spec)
 
-    def on_distributed(self) -> None:
-        if not self.sharded:
-            self.engine.dp_group = self.dp_group
-            return
+    def plain_engine(self) -> Any:
+        return training_engine(self.spec.actor.strategy).from_spec(
+            self.model, self.spec.actor, self.total_steps, self.spec.model.dtype, self.device)
+
+    def sharded_engine(self, mesh: Any) -> Any:
         # The training engine shards its own copy, given on the host; the rollout keeps the full
         # model, synced from the shards after every update.
         if self.device.type == "cpu":
             source = copy.deepcopy(self.model)
         else:
             source, _ = load_policy(self.spec, self.model_path, torch.device("cpu"))
-        self.engine = training_engine("fsdp2").from_spec(
-            source, self.spec.actor, self.total_steps, self.spec.model.dtype,
-            role_mesh(self.device, self.world_size))
+        return training_engine("fsdp2").from_spec(
+            source, self.spec.actor, self.total_steps, self.spec.model.dtype, mesh)
 
     # ----------------------------------------------------------------------- rollout
 
@@ -404,7 +423,7 @@ class RewardWorker(Worker):
 # --------------------------------------------------------------------------- critic
 
 
-class CriticWorker(Worker):
+class CriticWorker(TrainedRole):
     """PPO's value model: the policy's (or `critic.model_path`'s) weights with a scalar head,
     trained by the actor's kind of engine (`actor.strategy`: plain, or sharded with FSDP2)."""
 
@@ -420,7 +439,6 @@ class CriticWorker(Worker):
 
         self.spec = spec
         self.device = role_device(spec, device)
-        self.sharded = spec.actor.strategy == "fsdp2"
         seed_everything(spec.seed, spec.trainer.deterministic)
         path = resolve_model_path(model_path or spec.critic.model_path or spec.model.path)
         verbosity = hf_logging.get_verbosity()
@@ -444,22 +462,19 @@ class CriticWorker(Worker):
             "param_dtype": spec.model.dtype, "micro_batch_size": critic.ppo_micro_batch_size,
             "loss_agg_mode": "token-mean", "metric_prefix": "critic/"}
         self.model = model
-        self.engine = None
-        if not self.sharded:
-            self.engine = TrainEngine(model, device=self.device, **self.options)
-            self.model = self.engine.model
-        elif world_size == 1:
-            self.init_alone(role_backend(spec))
+        self.start_engine(spec)
 
-    def on_distributed(self) -> None:
-        if not self.sharded:
-            self.engine.dp_group = self.dp_group
-            return
+    def plain_engine(self) -> Any:
+        engine = TrainEngine(self.model, device=self.device, **self.options)
+        self.model = engine.model
+        return engine
+
+    def sharded_engine(self, mesh: Any) -> Any:
         from rl_core.engines.fsdp import FSDP2Engine
 
-        self.engine = FSDP2Engine(self.model, mesh=role_mesh(self.device, self.world_size),
-                                  **self.options)
-        self.model = self.engine.model
+        engine = FSDP2Engine(self.model, mesh=mesh, **self.options)
+        self.model = engine.model
+        return engine
 
     def compute(self, stage: str, chunk: Any) -> dict[str, Any]:
         if stage != "values":
