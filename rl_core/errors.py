@@ -5,6 +5,7 @@
     │                      spec, data, model-folder, reward-name and device errors derive from it
     ├── TrainingStopped    exit 1: training stopped on purpose (non-finite numbers, nothing to learn)
     ├── RoleFailed         exit 1: a role's rank raised or its process died
+    ├── StaleWeightsError  exit 1: a rollout engine held weights of another policy version
     └── NonFiniteError     exit 1: a train step's loss or gradient norm was NaN or infinite
 
 The command line maps any exception to its status with `exit_code`; an exception from outside
@@ -45,6 +46,11 @@ class RoleFailed(RLCoreError, RuntimeError):
     def __init__(self, role: str, rank: int, reason: str) -> None:
         self.role, self.rank, self.reason = role, rank, reason
         super().__init__(f"role {role} (rank {rank}) failed: {reason}")
+
+
+class StaleWeightsError(RLCoreError, RuntimeError):
+    """A rollout was asked of an inference engine holding another policy version's weights
+    (a weight sync was skipped): it would train on samples of a stale policy."""
 
 
 class NonFiniteError(RLCoreError, FloatingPointError):

@@ -43,7 +43,9 @@ What each engine keeps (P parameters, D = `spec.data_parallel_size` devices, b t
 
 Phases. Memory is added up per phase, and the peak is the largest phase: `load` (roles build
 their models), `rollout` (native generation: static KV cache, the fast decoder's packed
-weights), `log-probs` (the reference, old log-probs and values stages run at once),
+weights; with `rollout.engine: vllm`, vLLM's weights and KV cache, which on an accelerator take
+`rollout.gpu_memory_utilization` of the device in this phase only, vLLM sleeping in the
+others), `log-probs` (the reference, old log-probs and values stages run at once),
 `backward` (actor and critic updates run at once) and `step` (gradient reduction and AdamW).
 The rollout generates the larger of a training batch and, when `trainer.eval_every` is set, a
 validation batch. The fast decoder copies q/k/v and gate/up into fused weights; on CPU it also
@@ -106,6 +108,8 @@ from rl_core.spec import RunSpec, load_spec
 GIB = 2**30
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 PHASES = ("load", "rollout", "log-probs", "backward", "step")
+# Sequences vLLM's KV cache is sized for on the CPU (each up to max_model_len tokens).
+VLLM_CPU_MAX_SEQS = 256
 TRAINED = PHASES[1:]  # phases after the first optimizer step has made the moments
 HEADROOM_FRACTION = 0.10  # kept free for runtime contexts, fragmentation and collectives
 
@@ -389,6 +393,10 @@ class Setup:
     device_type: str
     dynamic_bsz: bool
     attention: str = "sdpa"
+    rollout_engine: str = "native"
+    gpu_memory_utilization: float = 0.5
+    max_model_len: int = 0
+    device_memory_bytes: int | None = None
 
     @property
     def dtype_bytes(self) -> int:
@@ -416,6 +424,10 @@ def setup_of(spec: RunSpec) -> Setup:
         entropy=spec.actor.entropy_coeff > 0,
         cache_float32=spec.resources.device_type == "cpu" or spec.model.dtype == "float32",
         device_type=spec.resources.device_type, dynamic_bsz=spec.actor.use_dynamic_bsz,
+        rollout_engine=spec.rollout.engine,
+        gpu_memory_utilization=spec.rollout.gpu_memory_utilization,
+        max_model_len=(spec.rollout.max_model_len
+                       or spec.data.max_prompt_length + spec.rollout.max_new_tokens),
     )
 
 
@@ -564,7 +576,8 @@ def plan(spec: RunSpec, shape: ModelShape | None = None,
     shape = shape or shape_of(spec)
     if device_memory_bytes is None:
         device_memory_bytes = device_memory_of(spec.resources.device_type)
-    return plan_setup(setup_of(spec), shape, device_memory_bytes, spec.model.path)
+    setup = dataclasses.replace(setup_of(spec), device_memory_bytes=device_memory_bytes)
+    return plan_setup(setup, shape, device_memory_bytes, spec.model.path)
 
 
 def plan_setup(setup: Setup, shape: ModelShape, device_memory_bytes: int | None,
@@ -653,6 +666,8 @@ def _actor_state(s: Setup, shape: ModelShape) -> list[Component]:
 def _rollout(s: Setup, shape: ModelShape) -> list[Component]:
     """The native rollout: full weights (fsdp2), the fast decoder's rearranged weights, the
     static KV cache and its compaction copy, the prefill and the sampling logits."""
+    if s.rollout_engine == "vllm":
+        return _vllm_rollout(s, shape)
     b, h, inter = s.dtype_bytes, shape.hidden_size, shape.intermediate_size
     fused = shape.q_width + 2 * shape.kv_width + 2 * inter  # q/k/v and gate/up outputs
     cache = _kv_cache_bytes(s, shape)
@@ -674,6 +689,39 @@ def _rollout(s: Setup, shape: ModelShape) -> list[Component]:
                   f"{s.rollout_prompts} prompts x {s.prompt_len} tokens, one layer"),
         Component("rollout sampling logits", rows * shape.vocab_size * 16, ("rollout",),
                   "float32 logits, probabilities and the top-p/top-k sort"),
+    ]
+
+
+def _vllm_rollout(s: Setup, shape: ModelShape) -> list[Component]:
+    """vLLM's own copy of the weights and its KV cache. On an accelerator it takes
+    `gpu_memory_utilization` of the device while generating and sleeps in every other phase
+    (weights in host memory, cache dropped); on the CPU it does not sleep, keeps every
+    projection prepacked beside the embedding, and sizes its cache for `VLLM_CPU_MAX_SEQS` sequences
+    of `max_model_len` tokens (`VLLM_CPU_MAX_SEQS`)."""
+    b = s.dtype_bytes
+    weights = shape.parameters * b
+    template = [Component("actor full model (template)", weights, (), "the model the shards "
+                          "and the saved folders are made from, in host memory", host=True)
+                ] if s.strategy == "fsdp2" else []
+    if s.device_type != "cpu":
+        if s.device_memory_bytes is None:
+            cache = s.rollout_rows * _kv_length(s) * shape.kv_bytes_per_token(b)
+            note = "one batch's sequences (device memory unknown)"
+        else:
+            cache = int(s.gpu_memory_utilization * s.device_memory_bytes) - weights
+            note = (f"the rest of rollout.gpu_memory_utilization {s.gpu_memory_utilization} of "
+                    "the device; dropped while asleep")
+        return template + [
+            Component("vLLM weights", weights, ("rollout",),
+                      "synced after every update; in host memory while vLLM sleeps", host=True),
+            Component("vLLM KV cache", max(cache, 0), ("rollout",), note)]
+    cache = VLLM_CPU_MAX_SEQS * s.max_model_len * shape.kv_bytes_per_token(b)
+    packed = (shape.parameters - shape.embedding_parameters) * b
+    return template + [
+        Component("vLLM weights", weights, PHASES, "vLLM's own copy, synced after every update"),
+        Component("vLLM packed projections", packed, PHASES, "oneDNN prepacked copies"),
+        Component("vLLM KV cache", cache, PHASES,
+                  f"{VLLM_CPU_MAX_SEQS} sequences x {s.max_model_len} tokens, allocated at start"),
     ]
 
 
@@ -808,8 +856,8 @@ def _critic(s: Setup, shape: ModelShape) -> list[Component]:
 
 
 def _alternatives(s: Setup, shape: ModelShape, memory: int | None) -> list[Alternative]:
-    """Cumulative changes, cheapest first: fsdp2 at this device count, gradient checkpointing,
-    micro-batches of one sequence, offload; each with its peak."""
+    """Cumulative changes, cheapest first: fsdp2 at this device count, a smaller vLLM share,
+    gradient checkpointing, micro-batches of one sequence, offload; each with its peak."""
     steps, changes, current = [], [], s
     for change, updated in _changes(s):
         current, changes = dataclasses.replace(current, **updated), [*changes, change]
@@ -823,6 +871,9 @@ def _changes(s: Setup) -> Iterable[tuple[str, dict[str, Any]]]:
     sharded = s.strategy == "fsdp2" or s.devices > 1  # fsdp2 comes first when it can
     if s.strategy == "torch" and s.devices > 1:
         yield "actor.strategy=fsdp2", {"strategy": "fsdp2"}
+    if s.rollout_engine == "vllm" and s.device_type != "cpu" and s.gpu_memory_utilization > 0.3:
+        # vLLM's share is the rollout phase's largest part: a smaller KV cache is cheap
+        yield "rollout.gpu_memory_utilization=0.3", {"gpu_memory_utilization": 0.3}
     if not s.gradient_checkpointing:
         yield "model.gradient_checkpointing=true", {"gradient_checkpointing": True}
     smaller = _one_row_micro_batches(s)

@@ -254,7 +254,8 @@ class RolloutConfig(_Strict):
     engine: Literal["native", "vllm"] = Field(
         "native",
         description="`native` generates with the training weights in the same process; "
-        "`vllm` uses vLLM / vllm-ascend.",
+        "`vllm` with an in-process vLLM engine on each actor rank (vllm-ascend on Ascend, "
+        "vLLM's CPU build on cpu), synced from the training engine after every update.",
     )
     n_samples_per_prompt: int = Field(
         4,
@@ -283,7 +284,14 @@ class RolloutConfig(_Strict):
         description="Sample; false decodes greedily and ignores temperature, top_p, top_k, min_p.",
     )
     gpu_memory_utilization: float = Field(
-        0.5, gt=0, le=1, description="vLLM: fraction of device memory for weights and KV cache."
+        0.5, gt=0, le=1,
+        description="vLLM on an accelerator: fraction of device memory for its weights and KV "
+        "cache while it generates (given back to training while it sleeps).",
+    )
+    max_model_len: int | None = Field(
+        None, gt=0, le=2 * MAX_TOKENS,
+        description="vLLM: longest prompt + response in tokens; default "
+        "data.max_prompt_length + rollout.max_new_tokens.",
     )
     partial_rollout_max_split: int = Field(
         0,
@@ -398,6 +406,15 @@ class ActorConfig(_Strict):
     )
     offload: OffloadConfig = Field(
         default_factory=OffloadConfig, description="Host-memory offload of the actor."
+    )
+    rollout_is: Literal["off", "token", "sequence"] = Field(
+        "off",
+        description="Truncated importance sampling against the rollout engine's log-probs "
+        "(they differ from the training engine's): `token` weights each token by "
+        "min(exp(old - rollout), cap), `sequence` each response by the capped ratio of its sum.",
+    )
+    rollout_is_cap: float = Field(
+        2.0, ge=1, le=1_000, description="Upper bound of the `rollout_is` weights."
     )
 
 
@@ -713,8 +730,6 @@ def _only_defaults(model: type[BaseModel], prefix: str) -> dict[str, tuple[Any, 
 
 
 NOT_IMPLEMENTED: dict[str, tuple[Any, ...]] = {
-    "rollout.engine": ("native",),
-    "rollout.gpu_memory_utilization": (0.5,),  # a vLLM setting
     "rollout.partial_rollout_max_split": (0, 1),  # both mean no partial rollout
     "rollout.tensor_parallel_size": (1,),
     "actor.use_remove_padding": (False,),
@@ -1123,6 +1138,27 @@ def _rule_offload(s: RunSpec) -> Iterator[Violation]:
                "actor.offload.optimizer alone")
 
 
+def _rule_rollout_engine(s: RunSpec) -> Iterator[Violation]:
+    """vLLM's settings only with `rollout.engine: vllm`; its memory share only on accelerators;
+    its length fits a prompt and a response; the IS cap only with IS on."""
+    r = s.rollout
+    defaults = RolloutConfig()
+    if r.engine != "vllm":
+        for name in ("gpu_memory_utilization", "max_model_len"):
+            if getattr(r, name) != getattr(defaults, name):
+                yield (f"rollout.{name}", "is a vLLM setting: set rollout.engine=vllm or remove it")
+    elif (s.resources.device_type == "cpu"
+          and r.gpu_memory_utilization != defaults.gpu_memory_utilization):
+        yield ("rollout.gpu_memory_utilization", "on cpu vLLM's KV cache is sized for its "
+               "longest sequences, not a fraction of memory: remove it (it applies to npu, cuda)")
+    seq = s.data.max_prompt_length + r.max_new_tokens
+    if r.max_model_len is not None and r.max_model_len < seq:
+        yield ("rollout.max_model_len", f"{r.max_model_len} is shorter than "
+               f"data.max_prompt_length + rollout.max_new_tokens = {seq}: raise it or remove it")
+    if s.actor.rollout_is == "off" and s.actor.rollout_is_cap != ActorConfig().rollout_is_cap:
+        yield ("actor.rollout_is_cap", "applies only with actor.rollout_is=token or sequence")
+
+
 _RULES: tuple[Callable[[RunSpec], Iterator[Violation]], ...] = (
     _rule_clip_ratios,
     _rule_data_source,
@@ -1135,6 +1171,7 @@ _RULES: tuple[Callable[[RunSpec], Iterator[Violation]], ...] = (
     _rule_reward,
     _rule_trainer,
     _rule_offload,
+    _rule_rollout_engine,
 )
 
 

@@ -28,6 +28,7 @@ from rl_core.algos.kl import (
 )
 from rl_core.algos.masked import masked_mean, masked_sum, masked_var, masked_whiten
 from rl_core.algos.policy_loss import POLICY_LOSSES, get_policy_loss
+from rl_core.algos.rollout_is import ROLLOUT_IS_MODES, rollout_is_weights
 from rl_core.algos.value_loss import value_loss
 
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "KL_ESTIMATORS",
     "LOSS_AGG_MODES",
     "POLICY_LOSSES",
+    "ROLLOUT_IS_MODES",
     "AdaptiveKLController",
     "FixedKLController",
     "UnknownNameError",
@@ -60,5 +62,6 @@ __all__ = [
     "masked_var",
     "masked_whiten",
     "overlong_penalty",
+    "rollout_is_weights",
     "value_loss",
 ]

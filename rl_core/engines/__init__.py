@@ -6,6 +6,7 @@ rollout engine. Names the spec accepts but no engine implements yet are refused 
     engine_class = training_engine("torch")        # rl_core.engines.train.TrainEngine
     engine_class = training_engine("fsdp2")        # rl_core.engines.fsdp.FSDP2Engine (sharded)
     rollout_class = rollout_engine("native")       # rl_core.engines.rollout.NativeRolloutEngine
+    rollout_class = rollout_engine("vllm")         # rl_core.engines.vllm_rollout (vLLM in process)
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from rl_core.errors import InputError
 # name -> "module:class"; imported on first use (engines import torch and their backends)
 TRAINING_ENGINES = {"torch": "rl_core.engines.train:TrainEngine",
                     "fsdp2": "rl_core.engines.fsdp:FSDP2Engine"}
-ROLLOUT_ENGINES = {"native": "rl_core.engines.rollout:NativeRolloutEngine"}
+ROLLOUT_ENGINES = {"native": "rl_core.engines.rollout:NativeRolloutEngine",
+                   "vllm": "rl_core.engines.vllm_rollout:VLLMRolloutEngine"}
 
 
 def _load(table: dict[str, str], name: str, field: str) -> Any:

@@ -670,18 +670,23 @@ class NativeRolloutEngine:
         self.check_every = check_every or (1 if self.device.type == "cpu" else 8)
         self._cache = _StaticCache()
 
+    # it reads the model it was given: over the training model, no sync is ever needed
+    shares_weights = True
+
     @classmethod
-    def from_spec(cls, model: torch.nn.Module, tokenizer: Any, rollout: Any,
-                  device: str | torch.device = "cpu") -> NativeRolloutEngine:
-        """The engine of the spec's `rollout` section over `model` (the training weights)."""
+    def from_spec(cls, model: torch.nn.Module, tokenizer: Any, spec: Any,
+                  device: str | torch.device = "cpu", **_: Any) -> NativeRolloutEngine:
+        """The engine over `model` (the training weights); it needs nothing of the spec."""
         return cls(model, eos_token_ids=eos_ids(tokenizer, model),
                    pad_token_id=tokenizer.pad_token_id, device=device)
 
-    def load_weights(self, buckets: Iterable[list[tuple[str, torch.Tensor]]]) -> None:
+    def load_weights(self, buckets: Iterable[list[tuple[str, torch.Tensor]]],
+                     version: int | None = None) -> None:
         """Copy weights by name into the model (from a training engine's `weight_buckets`).
 
         The native engine usually holds the training model itself and needs no copy; this is
-        for an engine over a model of its own. An unknown name is an error."""
+        for an engine over a model of its own (a sharded actor's full copy). An unknown name is
+        an error. `version` is the policy's; the model is read live, so it needs no record."""
         own = self.model.state_dict()
         with torch.no_grad():
             for bucket in buckets:

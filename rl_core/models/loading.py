@@ -264,7 +264,7 @@ def load_model(
 
 def _enable_checkpointing(model: PreTrainedModel) -> None:
     kwargs = {"use_reentrant": False}
-    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.20
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)

@@ -39,7 +39,7 @@ log = logging.getLogger("rl_core")
 
 ALGORITHMS = ("grpo", "dapo", "ppo")
 ACTOR_KEYS = ("input_ids", "attention_mask", "position_ids", "response_mask",
-              "old_logprobs", "ref_logprobs", "advantages")
+              "old_logprobs", "ref_logprobs", "advantages", "rollout_is_weights")
 CRITIC_KEYS = ("input_ids", "attention_mask", "position_ids", "response_mask", "values", "returns")
 
 
@@ -191,7 +191,7 @@ class RLTrainer:
         stages = ["reward"]
         if self.roles.reference is not None:
             stages.append("ref_logprob")
-        if not self._on_policy():
+        if not self._on_policy() or self._corrects_rollout():
             stages.append("old_logprob")
         if self.roles.critic is not None:
             stages.append("values")
@@ -203,6 +203,11 @@ class RLTrainer:
         """One pass over one mini-batch: the old policy is the current one, ratio == 1."""
         rows = self.spec.data.train_batch_size * self.sampling.n
         return self.spec.actor.ppo_epochs == 1 and self._mini_rows() >= rows
+
+    def _corrects_rollout(self) -> bool:
+        """Whether the update needs the training engine's old log-probs beside the rollout's:
+        another engine generated (its kernels round differently), or IS correction is on."""
+        return self.spec.rollout.engine != "native" or self.spec.actor.rollout_is != "off"
 
     def _mini_rows(self) -> int:
         return self.spec.actor.ppo_mini_batch_size * self.sampling.n
@@ -216,6 +221,13 @@ class RLTrainer:
         for name in ("old_logprobs", "ref_logprobs", "values"):
             if name in columns:
                 data[name] = columns[name].float()
+        if self._corrects_rollout():
+            weights, more = algos.rollout_is_weights(
+                data["old_logprobs"], batch.logprobs.float(), mask, self.spec.actor.rollout_is,
+                self.spec.actor.rollout_is_cap)
+            metrics.update(more)
+            if self.spec.actor.rollout_is != "off":
+                data["rollout_is_weights"] = weights
         rewards = token_level_rewards(columns["score"], mask)
         adv = self.spec.advantage
         if adv.use_kl_in_reward:

@@ -56,8 +56,11 @@ class SFTTrainer:
         self.total_steps = spec.trainer.total_steps or self.loader.total_steps
         self.engine = training_engine(spec.actor.strategy).from_spec(
             self.model, spec.actor, self.total_steps, spec.model.dtype, device)
-        self.rollout = rollout_engine(spec.rollout.engine).from_spec(
-            self.model, self.tokenizer, spec.rollout, device)
+        if spec.rollout.engine != "native":
+            raise InputError("rollout.engine: SFT validates with the native engine over the "
+                             f"model it trains; set rollout.engine: native (not "
+                             f"{spec.rollout.engine!r}) for python -m rl_core sft")
+        self.rollout = rollout_engine("native").from_spec(self.model, self.tokenizer, spec, device)
         self.sampling = SamplingParams.from_config(spec.rollout)
         self.rewards = RewardComposer.from_config(spec.reward)
         self.tracker = make_tracker(spec, self.output_dir)

@@ -1,8 +1,10 @@
 """The roles: each owns its device state and exposes a few coarse methods to the controller.
 
-- `ActorWorker`: the policy's training engine and the native rollout engine over the same
-  weights in the same process, so training and inference are colocated by construction; the
-  rollout's KV cache is freed before every update. Ranks > 1 train data-parallel.
+- `ActorWorker`: the policy's training engine and the rollout engine in the same process, so
+  training and inference are colocated by construction: the native engine over the same
+  weights, or vLLM over a copy synced after every update (and checked by version before every
+  rollout); the rollout sleeps (frees its cache) before every update. Ranks > 1 train
+  data-parallel.
 - `ReferenceWorker`: the frozen initial policy; log-probs of the responses. With
   `reference.offload` its weights wait in host memory between uses.
 - `CriticWorker`: the value model of PPO (the policy's weights under a one-output head).
@@ -147,23 +149,46 @@ class ActorWorker(TrainedRole):
         self.device = role_device(spec, device)
         seed_everything(spec.seed, spec.trainer.deterministic)
         if model is None:
-            model, tokenizer = load_policy(spec, model_path, self.device)
+            # sharded with an inference engine, the full model is only the template of the
+            # shards and of the saved folder: it waits in host memory
+            home = self.device
+            if spec.actor.strategy == "fsdp2" and spec.rollout.engine != "native":
+                home = torch.device("cpu")
+            model, tokenizer = load_policy(spec, model_path, home)
         self.model, self.tokenizer = model, tokenizer
         self.model_path, self.total_steps = model_path, total_steps
         self.sampling = SamplingParams.from_config(spec.rollout)
-        self.rollout = rollout_engine(spec.rollout.engine).from_spec(
-            self.model, tokenizer, spec.rollout, self.device)
+        # the number of updates the policy has taken: every rollout must come from its weights
+        self.policy_version = 0
+        self.rollout = None
+        if spec.rollout.engine == "native":  # over the training model itself
+            self.rollout = rollout_engine("native").from_spec(self.model, tokenizer, spec,
+                                                              self.device)
         self.loss_fn = policy_loss_fn(spec, self.sampling)
         self.start_engine(spec)
+        if self.rollout is None and self.world_size == 1 and self.engine is not None:
+            self.start_rollout()
+
+    def on_distributed(self) -> None:
+        super().on_distributed()
+        if self.rollout is None:  # an inference engine joins the process group once it exists
+            self.start_rollout()
+
+    def start_rollout(self) -> None:
+        """An inference engine of its own (`rollout.engine: vllm`), given the training
+        engine's weights through the same sync as after every update."""
+        self.rollout = rollout_engine(self.spec.rollout.engine).from_spec(
+            self.model, self.tokenizer, self.spec, self.device, model_path=self.model_path)
+        self.sync_rollout()
 
     def plain_engine(self) -> Any:
         return training_engine(self.spec.actor.strategy).from_spec(
             self.model, self.spec.actor, self.total_steps, self.spec.model.dtype, self.device)
 
     def sharded_engine(self, mesh: Any) -> Any:
-        # The training engine shards its own copy, given on the host; the rollout keeps the full
-        # model, synced from the shards after every update.
-        if self.device.type == "cpu":
+        # The training engine shards its own copy, given on the host; the native rollout keeps
+        # the full model, synced from the shards after every update (vLLM loads them itself).
+        if next(self.model.parameters()).device.type == "cpu":
             source = copy.deepcopy(self.model)
         else:
             source, _ = load_policy(self.spec, self.model_path, torch.device("cpu"))
@@ -179,6 +204,14 @@ class ActorWorker(TrainedRole):
         (`total_rows` rows, seeded by `seed`), so the shards of a batch equal the batch."""
         if not prompt_ids:  # a rank left without prompts (a batch smaller than the ranks)
             return None
+        if not self.rollout.shares_weights:
+            self.rollout.check_version(self.policy_version)
+            first = row_range[0] // params.n if row_range else 0
+            seeds = [prompt_seed(seed, first + i) for i in range(len(prompt_ids))]
+            with self.measured("rollout"):
+                batch = self.rollout.generate(prompt_ids, params, seeds=seeds).to("cpu")
+            batch["weight_version"] = torch.full((len(batch),), self.policy_version)
+            return batch
         uniforms = None
         if params.do_sample:
             rows = total_rows if total_rows is not None else len(prompt_ids) * params.n
@@ -201,6 +234,7 @@ class ActorWorker(TrainedRole):
     def old_logprobs(self, cols: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """Log-probs of the responses under the current policy. A sharded actor is called on
         every rank's share at once (its forward is a collective: it cannot pull channel chunks)."""
+        self.rollout.sleep()
         with self.measured("old_logprob"):
             logprobs, _ = self.engine.forward_logprobs(
                 cols["input_ids"], cols["attention_mask"], cols["position_ids"],
@@ -209,8 +243,9 @@ class ActorWorker(TrainedRole):
         return logprobs.cpu()
 
     def update(self, minis: list[dict[str, torch.Tensor]], step: int) -> list[dict[str, float]]:
-        """One optimizer step per mini-batch shard (this rank's rows of each mini-batch)."""
-        self.rollout.free_cache()
+        """One optimizer step per mini-batch shard (this rank's rows of each mini-batch), then
+        the new policy's weights into the rollout."""
+        self.rollout.sleep()
         out = []
         with self.measured("update"):
             for mini in minis:
@@ -221,31 +256,42 @@ class ActorWorker(TrainedRole):
                         temperature=temperature_of(self.sampling), with_entropy=True))
                 except NonFiniteError as exc:
                     raise TrainingStopped(step, str(exc), exc.metrics) from exc
+        self.policy_version += 1
         out[-1].update(self.sync_rollout())
         return out
 
     def train_step(self, batch: dict[str, Any], loss_fn: Callable,
                    options: Mapping[str, Any] | None = None, step: int = 0) -> dict[str, float]:
         """A step with another loss (DPO): the engine's `train_step` on this rank's rows."""
-        self.rollout.free_cache()
+        self.rollout.sleep()
         try:
             with self.measured("update"):
                 metrics = self.engine.train_step(batch, loss_fn, **dict(options or {}))
         except NonFiniteError as exc:
             raise TrainingStopped(step, str(exc), exc.metrics) from exc
+        self.policy_version += 1
         return {**metrics, **self.sync_rollout()}
 
     def sync_rollout(self) -> dict[str, float]:
-        """A sharded engine's new weights into the rollout's full model, bucket by bucket
-        (`timing/weight_sync`); nothing to do when both share the model."""
-        if not self.sharded:
+        """The training engine's weights into the rollout, bucket by bucket, as the current
+        policy version (`timing/weight_sync`): a sharded engine's into the native rollout's full
+        model, any engine's into an inference engine; nothing to do when the rollout reads the
+        training model itself."""
+        if self.rollout.shares_weights and not self.sharded:
             return {}
         import time
 
         started = time.perf_counter()
+        self.rollout.wake_up()
         with self.measured("weight_sync"):
-            self.rollout.load_weights(self.engine.weight_buckets())
+            self.rollout.load_weights(self.engine.weight_buckets(), version=self.policy_version)
         return {"timing/weight_sync": time.perf_counter() - started}
+
+    def shutdown(self) -> None:
+        close = getattr(self.rollout, "close", None)
+        if close is not None:
+            close()
+        super().shutdown()
 
     # ----------------------------------------------------------------------- checkpoints
 
@@ -255,21 +301,38 @@ class ActorWorker(TrainedRole):
         the optimizer state under `dcp/actor`, each rank writing its part."""
         if self.sharded:
             self.engine.save_sharded(Path(path) / SHARDED_DIRS["actor"])
+        # the full model holds the trained weights only where the native rollout is synced
+        full = None
+        if self.sharded and not self.rollout.shares_weights:
+            dtype = next(self.model.parameters()).dtype
+            full = {name: tensor.to(dtype)  # a collective: every rank gathers
+                    for name, tensor in self.engine.full_state_dict().items()}
         if self.rank == 0:
-            self.model.save_pretrained(path, safe_serialization=True)
+            self.model.save_pretrained(path, safe_serialization=True, state_dict=full)
             self.tokenizer.save_pretrained(path)
 
     def state(self) -> dict[str, Any]:
-        return {"engine": host_copy(self.engine.state_dict()), "rng": rng_state()}
+        return {"engine": host_copy(self.engine.state_dict()), "rng": rng_state(),
+                "policy_version": self.policy_version}
 
     def load_state(self, state: Mapping[str, Any]) -> None:
         """Restore `state()`; sharded, also the shards of checkpoint `state["checkpoint"]`
         (saved by any number of ranks), then the rollout takes the restored weights."""
         self.engine.load_state_dict(state["engine"])
+        self.policy_version = int(state.get("policy_version", self.policy_version))
         if self.sharded:
             self.engine.load_sharded(Path(state["checkpoint"]) / SHARDED_DIRS["actor"])
-            self.sync_rollout()
+        self.sync_rollout()
         set_rng_state(state["rng"])
+
+
+def prompt_seed(step_seed: int, prompt: int) -> int:
+    """The sampling seed of prompt `prompt` (its index in the whole batch) of a step: the same
+    on any number of ranks, distinct across prompts and steps."""
+    import hashlib
+
+    digest = hashlib.blake2b(f"{step_seed}:{prompt}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 2
 
 
 def policy_loss_fn(spec: RunSpec, sampling: SamplingParams) -> Callable:
@@ -285,7 +348,10 @@ def policy_loss_fn(spec: RunSpec, sampling: SamplingParams) -> Callable:
     def loss_fn(mb: dict[str, torch.Tensor], logprobs: torch.Tensor, entropy: torch.Tensor | None):
         mask = mb["response_mask"]
         old = mb["old_logprobs"] if "old_logprobs" in mb else logprobs.detach()
-        pg_loss, m = policy_loss(old, logprobs, mb["advantages"], mask, loss_agg_mode=mode,
+        advantages = mb["advantages"]
+        if "rollout_is_weights" in mb:  # truncated IS: the losses are 1-homogeneous in A
+            advantages = advantages * mb["rollout_is_weights"]
+        pg_loss, m = policy_loss(old, logprobs, advantages, mask, loss_agg_mode=mode,
                                  norm_len=norm_len, **clip)
         loss = pg_loss
         metrics = {"actor/pg_loss": pg_loss.detach(), "actor/pg_clipfrac": m["pg_clipfrac"],

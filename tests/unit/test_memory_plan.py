@@ -294,7 +294,7 @@ def test_device_memory_by_model_name_or_kind():
 def test_the_plan_command_prints_a_table(capsys):
     assert main(["plan", str(EXAMPLE_7B), "actor.strategy=torch"]) == 0
     out = capsys.readouterr().out
-    assert "actor parameters" in out and "rollout KV cache" in out
+    assert "actor parameters" in out and "vLLM KV cache" in out
     assert "does not fit" in out
     assert main(["plan", str(EXAMPLE_7B)]) == 0  # the example as written: sharded, it fits
     out = capsys.readouterr().out
@@ -317,3 +317,39 @@ def test_the_module_imports_without_torch():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                          text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_vllm_takes_its_share_while_generating_and_sleeps_in_the_other_phases():
+    spec = small_spec(model={"dtype": "bfloat16"}, rollout={"engine": "vllm"})
+    setup = dataclasses.replace(mp.setup_of(spec), device_type="npu", strategy="fsdp2",
+                                gpu_memory_utilization=0.5, device_memory_bytes=100_000)
+    parts = by_name(mp.plan_setup(setup, SMALL, 100_000))
+    assert parts["vLLM weights"].bytes == 1272 * 2 and parts["vLLM weights"].host
+    assert parts["vLLM weights"].phases == ("rollout",)
+    # the rest of half the device is the KV cache, dropped while vLLM sleeps
+    assert parts["vLLM KV cache"].bytes == 50_000 - 1272 * 2
+    assert parts["vLLM KV cache"].phases == ("rollout",) and not parts["vLLM KV cache"].host
+    template = parts["actor full model (template)"]
+    assert template.phases == () and template.host
+    assert not [name for name in parts if name.startswith("rollout ")]  # no native decoder
+    # on the CPU it never sleeps and its cache holds VLLM_CPU_MAX_SEQS full sequences
+    cpu = by_name(mp.plan_setup(dataclasses.replace(setup, device_type="cpu", strategy="torch"),
+                                SMALL, None))
+    assert cpu["vLLM weights"].phases == mp.PHASES
+    assert cpu["vLLM packed projections"].bytes == (1272 - 80) * 2
+    kv_per_token = 2 * 2 * 1 * 4 * 2  # k and v, 2 layers, 1 kv head of 4, bfloat16
+    assert cpu["vLLM KV cache"].bytes == mp.VLLM_CPU_MAX_SEQS * setup.max_model_len * kv_per_token
+    assert "actor full model (template)" not in cpu
+
+
+def test_a_vllm_share_that_leaves_training_no_room_is_refused_before_the_run():
+    from rl_core.controller import check_vllm_share
+
+    spec = load_spec(EXAMPLE_7B, ["rollout.gpu_memory_utilization=0.9"])
+    with pytest.raises(InputError, match=r"rollout.gpu_memory_utilization: 0.9 of the device for "
+                                         r"vLLM leaves training no room: the rollout phase needs "
+                                         r"\d+\.\d GiB of 57.6 usable"):
+        check_vllm_share(spec)
+    check_vllm_share(load_spec(EXAMPLE_7B))  # the example's 0.5 fits
+    result = mp.plan(spec)
+    assert result.alternatives[0].change == "rollout.gpu_memory_utilization=0.3"

