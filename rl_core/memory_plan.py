@@ -108,8 +108,15 @@ from rl_core.spec import RunSpec, load_spec
 GIB = 2**30
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 PHASES = ("load", "rollout", "log-probs", "backward", "step")
-# Sequences vLLM's KV cache is sized for on the CPU (each up to max_model_len tokens).
+# Sequences vLLM's KV cache is sized for on the CPU (each up to max_model_len tokens), in
+# blocks of VLLM_CPU_BLOCK tokens (vLLM's CPU default), one block reserved by vLLM.
 VLLM_CPU_MAX_SEQS = 256
+VLLM_CPU_BLOCK = 128
+
+
+def vllm_cpu_kv_tokens(length: int, sequences: int) -> int:
+    """Token slots of a CPU KV cache holding `sequences` sequences of `length` tokens."""
+    return VLLM_CPU_BLOCK * (-(-length // VLLM_CPU_BLOCK) * sequences + 1)
 TRAINED = PHASES[1:]  # phases after the first optimizer step has made the moments
 HEADROOM_FRACTION = 0.10  # kept free for runtime contexts, fragmentation and collectives
 
@@ -715,7 +722,7 @@ def _vllm_rollout(s: Setup, shape: ModelShape) -> list[Component]:
             Component("vLLM weights", weights, ("rollout",),
                       "synced after every update; in host memory while vLLM sleeps", host=True),
             Component("vLLM KV cache", max(cache, 0), ("rollout",), note)]
-    cache = VLLM_CPU_MAX_SEQS * s.max_model_len * shape.kv_bytes_per_token(b)
+    cache = vllm_cpu_kv_tokens(s.max_model_len, VLLM_CPU_MAX_SEQS) * shape.kv_bytes_per_token(b)
     packed = (shape.parameters - shape.embedding_parameters) * b
     return template + [
         Component("vLLM weights", weights, PHASES, "vLLM's own copy, synced after every update"),

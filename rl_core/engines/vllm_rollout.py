@@ -42,6 +42,7 @@ from rl_core.data.batch import Batch, left_pad
 from rl_core.engines.base import WeightBucket
 from rl_core.errors import InputError, StaleWeightsError
 from rl_core.memory_plan import VLLM_CPU_MAX_SEQS as CPU_MAX_SEQS
+from rl_core.memory_plan import vllm_cpu_kv_tokens
 
 # The engine runs in the calling process: weights stream into it without a copy per sync, and
 # `apply_model` reaches the model object.
@@ -267,17 +268,30 @@ def max_model_len(spec: Any) -> int:
 
 
 def cpu_kv_cache_bytes(model_path: str, length: int, sequences: int, dtype: torch.dtype) -> int:
-    """Bytes of a KV cache holding `sequences` sequences of `length` tokens of the model."""
+    """Bytes of a KV cache holding `sequences` sequences of `length` tokens of the model (whole
+    blocks, vLLM's reserved block included), so a full batch is never preempted; an InputError
+    for a head size vLLM's CPU attention has no kernel for."""
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    config = _text_config(model_path)
+    heads = config["num_attention_heads"]
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    supported = CPUAttentionBackend.get_supported_head_sizes()
+    if head_dim not in supported:
+        raise InputError(f"rollout.engine: vllm on cpu has no attention kernel for {model_path}'s "
+                         f"head size {head_dim} (it has {', '.join(map(str, supported))}); use "
+                         "rollout.engine: native")
+    kv_heads = config.get("num_key_value_heads") or heads
+    per_token = 2 * config["num_hidden_layers"] * kv_heads * head_dim * dtype.itemsize
+    return max(per_token * vllm_cpu_kv_tokens(length, sequences), 32 << 20)
+
+
+def _text_config(model_path: str) -> dict[str, Any]:
     import json
     from pathlib import Path
 
     config = json.loads((Path(model_path) / "config.json").read_text())
-    config = config.get("text_config", config)
-    heads = config["num_attention_heads"]
-    head_dim = config.get("head_dim") or config["hidden_size"] // heads
-    kv_heads = config.get("num_key_value_heads") or heads
-    per_token = 2 * config["num_hidden_layers"] * kv_heads * head_dim * dtype.itemsize
-    return max(per_token * length * sequences, 32 << 20)
+    return config.get("text_config", config)
 
 
 def _reason(exc: BaseException) -> str:

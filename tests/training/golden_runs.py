@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 from pathlib import Path
 from typing import Any
 
@@ -66,9 +67,20 @@ def machine() -> dict[str, Any]:
                    Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    return {"torch": torch.__version__, "cpu": cpu,
+    return {"torch": torch.__version__, "cpu": cpu_model(cpu),
             "capability": torch.backends.cpu.get_cpu_capability(),
             "threads": torch.get_num_threads()}
+
+
+def cpu_model(name: str) -> str:
+    """The CPU's model without the clock some hypervisors append ("... Processor @ 2.60GHz"):
+    the same cores round the same at any clock."""
+    return re.sub(r"\s*@\s*[\d.]+\s*GHz$", "", name.strip())
+
+
+def same_machine(recorded: dict[str, Any]) -> bool:
+    """Whether a golden file's machine is this one (files recorded with the clock included)."""
+    return {**recorded, "cpu": cpu_model(recorded.get("cpu", ""))} == machine()
 
 
 def golden_path(algorithm: str, devices: int) -> Path:

@@ -14,7 +14,16 @@ machine-independent comparisons of test_fsdp.py and test_distributed.py still ru
 from __future__ import annotations
 
 import pytest
-from golden_runs import RECORD, STEPS, comparable, golden_spec, machine, read_golden, write_golden
+from golden_runs import (
+    RECORD,
+    STEPS,
+    comparable,
+    golden_spec,
+    machine,
+    read_golden,
+    same_machine,
+    write_golden,
+)
 from test_trainer import read_metrics
 
 from rl_core.recipes import run
@@ -35,7 +44,7 @@ def test_metrics_equal_the_recorded_run(algorithm, devices, tmp_path, sft_base, 
     if RECORD:
         write_golden(algorithm, devices, logged)
     recorded = read_golden(algorithm, devices)
-    if recorded["machine"] != machine():
+    if not same_machine(recorded["machine"]):
         pytest.skip(f"recorded on {recorded['machine']}, this is {machine()}: re-record with "
                     "ASCENT_RECORD_GOLDEN=1 on this kind of machine")
     want = recorded["metrics"]

@@ -231,3 +231,15 @@ def test_a_model_vllm_cannot_serve_is_named_before_any_rollout(tmp_path, sft_bas
                                          r"architectures \['NoSuchLM'\] are not supported"):
         VLLMRolloutEngine(str(folder), eos_token_ids=[1], pad_token_id=0, dtype=torch.float32,
                           max_model_len=64)
+
+
+def test_a_head_size_without_a_cpu_attention_kernel_is_named_when_the_engine_is_built(tmp_path):
+    from rl_core.engines.vllm_rollout import VLLMRolloutEngine
+    from rl_core.errors import InputError
+    from rl_core.models.tiny import build_tiny
+
+    model, _ = build_tiny("nano", 0)  # head size 8
+    model.save_pretrained(tmp_path / "nano")
+    with pytest.raises(InputError, match="vllm on cpu has no attention kernel for .*head size 8"):
+        VLLMRolloutEngine(str(tmp_path / "nano"), eos_token_ids=[1], pad_token_id=0,
+                          dtype=torch.float32, max_model_len=64)

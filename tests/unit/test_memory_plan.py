@@ -338,7 +338,9 @@ def test_vllm_takes_its_share_while_generating_and_sleeps_in_the_other_phases():
     assert cpu["vLLM weights"].phases == mp.PHASES
     assert cpu["vLLM packed projections"].bytes == (1272 - 80) * 2
     kv_per_token = 2 * 2 * 1 * 4 * 2  # k and v, 2 layers, 1 kv head of 4, bfloat16
-    assert cpu["vLLM KV cache"].bytes == mp.VLLM_CPU_MAX_SEQS * setup.max_model_len * kv_per_token
+    # 128 + 64 = 192 tokens: 2 blocks of 128 per sequence, 256 sequences, vLLM's reserved block
+    assert setup.max_model_len == 192
+    assert cpu["vLLM KV cache"].bytes == (2 * 256 + 1) * 128 * kv_per_token
     assert "actor full model (template)" not in cpu
 
 
