@@ -114,6 +114,11 @@ VLLM_CPU_MAX_SEQS = 256
 VLLM_CPU_BLOCK = 128
 
 
+def vllm_max_model_len(spec: RunSpec) -> int:
+    """`rollout.max_model_len`, or the longest prompt plus the longest response."""
+    return spec.rollout.max_model_len or spec.data.max_prompt_length + spec.rollout.max_new_tokens
+
+
 def vllm_cpu_kv_tokens(length: int, sequences: int) -> int:
     """Token slots of a CPU KV cache holding `sequences` sequences of `length` tokens."""
     return VLLM_CPU_BLOCK * (-(-length // VLLM_CPU_BLOCK) * sequences + 1)
@@ -433,8 +438,7 @@ def setup_of(spec: RunSpec) -> Setup:
         device_type=spec.resources.device_type, dynamic_bsz=spec.actor.use_dynamic_bsz,
         rollout_engine=spec.rollout.engine,
         gpu_memory_utilization=spec.rollout.gpu_memory_utilization,
-        max_model_len=(spec.rollout.max_model_len
-                       or spec.data.max_prompt_length + spec.rollout.max_new_tokens),
+        max_model_len=vllm_max_model_len(spec),
     )
 
 

@@ -42,7 +42,7 @@ from rl_core.data.batch import Batch, left_pad
 from rl_core.engines.base import WeightBucket
 from rl_core.errors import InputError, StaleWeightsError
 from rl_core.memory_plan import VLLM_CPU_MAX_SEQS as CPU_MAX_SEQS
-from rl_core.memory_plan import vllm_cpu_kv_tokens
+from rl_core.memory_plan import vllm_cpu_kv_tokens, vllm_max_model_len
 
 # The engine runs in the calling process: weights stream into it without a copy per sync, and
 # `apply_model` reaches the model object.
@@ -133,7 +133,7 @@ class VLLMRolloutEngine:
         dtype = next(model.parameters()).dtype
         return cls(str(resolve_model_path(model_path)), eos_token_ids=eos_ids(tokenizer, model),
                    pad_token_id=tokenizer.pad_token_id, device=device, dtype=dtype,
-                   max_model_len=max_model_len(spec), seed=spec.seed,
+                   max_model_len=vllm_max_model_len(spec), seed=spec.seed,
                    gpu_memory_utilization=spec.rollout.gpu_memory_utilization,
                    trust_remote_code=spec.model.trust_remote_code)
 
@@ -262,11 +262,6 @@ class VLLMRolloutEngine:
         })
 
 
-def max_model_len(spec: Any) -> int:
-    """`rollout.max_model_len`, or the longest prompt plus the longest response."""
-    return spec.rollout.max_model_len or spec.data.max_prompt_length + spec.rollout.max_new_tokens
-
-
 def cpu_kv_cache_bytes(model_path: str, length: int, sequences: int, dtype: torch.dtype) -> int:
     """Bytes of a KV cache holding `sequences` sequences of `length` tokens of the model (whole
     blocks, vLLM's reserved block included), so a full batch is never preempted; an InputError
@@ -323,4 +318,4 @@ def _repack_cpu_kernels(model: torch.nn.Module) -> int:
 
 
 __all__ = ["StaleWeightsError", "VLLMRolloutEngine", "cpu_kv_cache_bytes", "import_vllm",
-           "max_model_len", "vllm_available"]
+           "vllm_available"]
