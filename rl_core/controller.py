@@ -37,6 +37,7 @@ from rl_core.data.batch import SEQUENCE_COLUMNS, Batch
 from rl_core.data.loader import ResumableLoader
 from rl_core.data.prompts import Prompts, tokenize_prompts
 from rl_core.data.run_data import load_prompt_data
+from rl_core.engines.balance import balanced_shares
 from rl_core.engines.rollout import SamplingParams
 from rl_core.errors import InputError, StaleWeightsError, TrainingStopped
 from rl_core.models.loading import (
@@ -357,7 +358,11 @@ class Controller:
             chunk = max(1, -(-rows // group.size))
             pending.append((stage, group.submit("drain", channel, stage, needs, chunk,
                                                 STAGE_TIMEOUT_S)))
-        shares = [(s.to_dict(),) for s in batch.with_sequences().split(self.dp)] if direct else []
+        # each rank as many rows and about as many tokens (the stage's rows come back in order)
+        sequences = batch.with_sequences()
+        parts = balanced_shares(sequences["attention_mask"].sum(1).tolist(), self.dp)
+        shares = [(sequences.take(rows).to_dict(),) for rows in parts] if direct else []
+        order = torch.tensor([i for rows in parts for i in rows])
         mapped = []
         for stage in direct:
             stage_started = time.perf_counter()
@@ -372,7 +377,8 @@ class Controller:
                      for stage in stages for name in plan[stage][2]})
         for stage, stage_started, pending_map in mapped:
             (column,) = plan[stage][2]
-            out[column] = torch.cat(collect(pending_map)[0])
+            stacked = torch.cat(collect(pending_map)[0])  # rank after rank: rows of `order`
+            out[column] = stacked.new_empty(stacked.shape).index_copy_(0, order, stacked)
             timer.seconds[stage] += time.perf_counter() - stage_started
         timer.seconds["stages"] += time.perf_counter() - started
         return out, metrics

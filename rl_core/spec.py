@@ -392,11 +392,16 @@ class ActorConfig(_Strict):
         description="KL estimator: k1, abs, k2 (alias mse), k3 (alias low_var_kl).",
     )
     use_remove_padding: bool = Field(
-        False, description="Pack sequences without padding (remove-padding) for forward passes."
+        False,
+        description="Pack each micro-batch's rows into one sequence of their real tokens, "
+        "attention confined to each row, for every forward and backward of the actor, the "
+        "reference and the critic (needs sdpa, eager or flash-attention in the model).",
     )
     use_dynamic_bsz: bool = Field(
         False,
-        description="Form micro-batches by token count (`max_token_len_per_gpu`) instead of size.",
+        description="Form micro-batches by a token budget (`max_token_len_per_gpu`, balanced "
+        "by Karmarkar–Karp) instead of row counts, for updates and log-prob passes of every "
+        "role; pair it with use_remove_padding; not with dpo.",
     )
     max_token_len_per_gpu: int = Field(
         1024,
@@ -533,6 +538,15 @@ class RewardFunctionSpec(_Strict):
         default_factory=dict,
         description="Keyword arguments passed to the function: JSON values (finite numbers), "
         f"at most {MAX_KWARGS_DEPTH} levels deep and {MAX_KWARGS_NODES} values.",
+    )
+    in_process: bool | None = Field(
+        None,
+        description="Where the function runs. Null: in the reward process for the cheap "
+        "built-ins (format, format_strict, format_lenient, exact_match, countdown), in the "
+        "worker pool otherwise (math_accuracy). False: always in the pool, where an overrunning "
+        "call is stopped. True: always in process, without the round trip to a worker; a call "
+        "past `reward.timeout_s` still scores 0 as a timeout, but only once it returns, so a "
+        "call that never returns stalls the run.",
     )
 
 
@@ -732,7 +746,6 @@ def _only_defaults(model: type[BaseModel], prefix: str) -> dict[str, tuple[Any, 
 NOT_IMPLEMENTED: dict[str, tuple[Any, ...]] = {
     "rollout.partial_rollout_max_split": (0, 1),  # both mean no partial rollout
     "rollout.tensor_parallel_size": (1,),
-    "actor.use_remove_padding": (False,),
     "reward.reward_model": (None,),
     "parallel.tensor_parallel_size": (1,),
     "parallel.pipeline_parallel_size": (1,),
@@ -921,6 +934,13 @@ def _rule_algorithm(s: RunSpec) -> Iterator[Violation]:
             yield (
                 "advantage.adv_estimator",
                 "DPO has no advantage estimator: set advantage.adv_estimator=null",
+            )
+        if s.actor.use_dynamic_bsz:  # a token budget would part a chosen row from its pair
+            yield (
+                "actor.use_dynamic_bsz",
+                "DPO's loss needs each (chosen, rejected) pair in one micro-batch, which a token "
+                "budget does not keep: set actor.use_dynamic_bsz=false and size micro-batches "
+                "with actor.ppo_micro_batch_size",
             )
     elif est is None:
         yield (

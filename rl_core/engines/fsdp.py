@@ -85,16 +85,16 @@ class FSDP2Engine:
 
     @classmethod
     def frozen(cls, model: torch.nn.Module, *, mesh: Any, param_dtype: str = "float32",
-               offload: bool = False) -> FSDP2Engine:
+               offload: bool = False, **batching: Any) -> FSDP2Engine:
         """A forward-only engine (the reference): parameters sharded in `param_dtype` itself,
         without float32 masters, gradients or optimizer state; `offload` keeps the shards in
-        host memory."""
+        host memory. `batching`: `max_token_len`, `remove_padding` (see `TrainEngine`)."""
         engine = cls.__new__(cls)
         engine.mesh = mesh
         model = model.to(dtype=PARAM_DTYPES[param_dtype]).requires_grad_(False)
         shard_model(model, mesh, param_dtype, offload=offload)
         engine.inner = TrainEngine(model, device=_mesh_device(mesh), dp_group=mesh.get_group(),
-                                   sharded=True, param_dtype=param_dtype, lr=0.0)
+                                   sharded=True, param_dtype=param_dtype, lr=0.0, **batching)
         return engine
 
     @classmethod

@@ -12,24 +12,30 @@ ids `cumsum(mask) - 1`. Log-probs are those of the response tokens under
 softmax(logits / temperature); logits are computed only for the R positions that predict the
 response (the hidden states are sliced before the LM head through `logits_to_keep`), in float32.
 
-Micro-batches and the loss scale. `train_step` splits a mini-batch into micro-batches (by rows,
-or by a token budget), and calls the caller's `loss_fn(micro, logprobs, entropy) -> (loss,
-metrics)` on each, where `loss` is aggregated over the micro-batch exactly as it would be over
-a whole batch (the `rl_core.algos` losses do this). The engine backpropagates
+Micro-batches and the loss scale. `train_step` splits a mini-batch into micro-batches: runs of
+`micro_batch_size` consecutive rows, or, with a token budget `max_token_len` (dynamic batch
+size), the fewest micro-batches whose valid tokens fit it, balanced by Karmarkar–Karp
+(`rl_core.engines.balance.token_micro_batches`: a micro-batch's rows need not be adjacent;
+outputs come back in the batch's order). It calls the caller's `loss_fn(micro, logprobs,
+entropy) -> (loss, metrics)` on each, where `loss` is aggregated over the micro-batch exactly as
+it would be over a whole batch (the `rl_core.algos` losses do this). The engine backpropagates
 `loss * share`, where share is the micro-batch's part of the mini-batch's normaliser under
 `loss_agg_mode` (`MICRO_SHARES`): its valid response tokens over the mini-batch's for
 token-mean, its sequences with a valid token over the mini-batch's for the seq-mean modes. The
 accumulated gradient is then that of the mini-batch loss, whatever the micro-batch size and
 however uneven the token counts (micro 2 and micro 8 give the same step). Mode `sum` adds the
-micro losses unscaled: the loss function returns its own share (e.g. a masked sum divided by
-a mini-batch normaliser it closes over). Metrics are averaged with the same shares (by rows for
+micro losses unscaled: the loss function returns its own share (e.g. a masked sum divided by a
+mini-batch normaliser it closes over). Metrics are averaged with the same shares (by rows for
 `sum`).
 
 Padding columns. Each micro-batch drops the leading columns that are padding in all of its rows
 (left padding of the prompts) and the trailing ones (right padding of the responses); padding
 never influences a valid token, so the result is unchanged and short micro-batches run faster.
-Log-probs of dropped response columns are 0. Sequences are not packed (verl's
-`use_remove_padding`); that is left for a later engine.
+Log-probs of dropped response columns are 0. With `remove_padding` (the spec's
+`actor.use_remove_padding`) a micro-batch's rows are instead packed into one sequence of their
+valid tokens with attention confined to each row (`rl_core.engines.packing`): no padding is
+computed at all, and log-probs, entropy and values come back in the padded (b, R) layout, 0 in
+the response's padding. Results equal the padded path's up to floating-point rounding.
 
 Dtypes. `param_dtype` float32 trains in float32. bfloat16 casts the parameters (not buffers
 such as rotary frequencies) to bfloat16 and AdamW updates them in bfloat16: there are no
@@ -63,7 +69,9 @@ import torch.nn.functional as F
 
 from rl_core.algos.entropy import log_probs_from_logits
 from rl_core.algos.masked import masked_mean
+from rl_core.engines.balance import token_micro_batches
 from rl_core.engines.base import LossFn, WeightBucket
+from rl_core.engines.packing import Packed, attention_of, pack, prepare_packing
 from rl_core.errors import NonFiniteError
 
 if TYPE_CHECKING:
@@ -133,27 +141,12 @@ MICRO_SHARES: dict[str, Callable[[torch.Tensor], torch.Tensor] | None] = {
 }
 
 
-def split_rows(n_rows: int, micro_batch_size: int) -> list[slice]:
-    """Consecutive row slices of at most `micro_batch_size` rows."""
+def split_rows(n_rows: int, micro_batch_size: int) -> list[list[int]]:
+    """Consecutive runs of at most `micro_batch_size` rows (the rows' indices)."""
     if micro_batch_size <= 0:
         raise ValueError(f"micro_batch_size must be positive, got {micro_batch_size}")
-    return [slice(i, min(i + micro_batch_size, n_rows)) for i in range(0, n_rows, micro_batch_size)]
-
-
-def split_tokens(lengths: Sequence[int], max_tokens: int) -> list[slice]:
-    """Consecutive row slices whose summed `lengths` stay within `max_tokens` (dynamic batch
-    size); a row longer than the budget gets a micro-batch of its own."""
-    if max_tokens <= 0:
-        raise ValueError(f"max_token_len must be positive, got {max_tokens}")
-    slices, start, used = [], 0, 0
-    for row, length in enumerate(lengths):
-        if row > start and used + length > max_tokens:
-            slices.append(slice(start, row))
-            start, used = row, 0
-        used += length
-    if start < len(lengths):
-        slices.append(slice(start, len(lengths)))
-    return slices
+    return [list(range(i, min(i + micro_batch_size, n_rows)))
+            for i in range(0, n_rows, micro_batch_size)]
 
 
 @dataclass(frozen=True)
@@ -173,11 +166,11 @@ class _Extents:
         rows = torch.stack([first, last, valid.sum(1)]).tolist()
         return cls(*rows)
 
-    def window(self, rows: slice, width: int, response_len: int) -> tuple[int, int]:
+    def window(self, rows: Sequence[int], width: int, response_len: int) -> tuple[int, int]:
         """Columns (left, right) to drop from a micro-batch: all-padding on each side, keeping
         the column that predicts the first response token and at least one response column."""
-        left = min(min(self.first[rows]), width - response_len - 1)
-        right = min(width - 1 - max(self.last[rows]), response_len - 1)
+        left = min(min(self.first[i] for i in rows), width - response_len - 1)
+        right = min(width - 1 - max(self.last[i] for i in rows), response_len - 1)
         return max(left, 0), max(right, 0)
 
 
@@ -224,6 +217,14 @@ class LogProbHead:
         logits = out.logits[:, :-1]  # (b, keep, V): positions predicting the response tokens
         return token_logprobs(logits, ids[:, -keep:], temperature, with_entropy)
 
+    def packed(self, model, packed: Packed, temperature: float,
+               with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The same on a packed micro-batch: logits of the K `packed.keep` positions only."""
+        out = model(**packed.model_inputs(), logits_to_keep=packed.keep)
+        logprobs, entropy = token_logprobs(out.logits, packed.labels[None], temperature,
+                                           with_entropy)  # (1, K)
+        return packed.unpack(logprobs[0]), (packed.unpack(entropy[0]) if with_entropy else None)
+
 
 class ValueHead:
     """A value model (a token classifier with one output): the value of the state before each
@@ -234,6 +235,12 @@ class ValueHead:
         out = model(input_ids=ids, attention_mask=attention_mask, position_ids=position_ids,
                     use_cache=False)
         return out.logits[:, -keep - 1:-1, 0].float(), None
+
+    def packed(self, model, packed: Packed, temperature: float,
+               with_entropy: bool) -> tuple[torch.Tensor, None]:
+        """The same on a packed micro-batch."""
+        out = model(**packed.model_inputs())
+        return packed.unpack(out.logits[0, packed.keep, 0].float()), None
 
 
 # --------------------------------------------------------------------------- engine
@@ -265,6 +272,7 @@ class TrainEngine:
         max_token_len: int | None = None,
         loss_agg_mode: str = "token-mean",
         trim_padding: bool = True,
+        remove_padding: bool = False,
         dp_group: Any = None,
         metric_prefix: str = METRIC_PREFIX,
         head: Callable[..., tuple[torch.Tensor, torch.Tensor | None]] | None = None,
@@ -274,7 +282,9 @@ class TrainEngine:
         """`micro_batch_size` (rows), `max_token_len` (valid tokens per micro-batch: dynamic
         batch size, which then overrides every row count) and `loss_agg_mode` are defaults for
         `train_step` and `forward_logprobs`; without either size a call is one micro-batch.
-        `trim_padding=False` keeps all-padding columns (for comparisons). `dp_group`: the
+        `trim_padding=False` keeps all-padding columns (for comparisons). `remove_padding`:
+        forward passes on packed micro-batches (`rl_core.engines.packing`; an attention
+        implementation that cannot confine attention to each row raises InputError). `dp_group`: the
         data-parallel process group (see the module docstring); `metric_prefix` names the
         engine's own metrics (`actor/`, or `critic/` for a value model). `sharded`: the model's
         parameters are DTensors sharded by FSDP2 over `dp_group`, which reduces the gradients
@@ -297,6 +307,9 @@ class TrainEngine:
         self.lr_scheduler, self.grad_clip = lr_scheduler, grad_clip
         self.micro_batch_size, self.max_token_len = micro_batch_size, max_token_len
         self.loss_agg_mode, self.trim_padding = loss_agg_mode, trim_padding
+        if remove_padding:
+            prepare_packing(self.model)
+        self.remove_padding = remove_padding
         self.dp_group, self.metric_prefix = dp_group, metric_prefix
         self.head = head or LogProbHead()
         self.sharded = sharded
@@ -350,16 +363,19 @@ class TrainEngine:
             with torch.set_grad_enabled(grad):
                 outs = [
                     self._forward(
-                        input_ids[rows], attention_mask[rows], position_ids[rows],
-                        response_len, temperature, with_entropy, extents, rows,
+                        _take(input_ids, rows), _take(attention_mask, rows),
+                        _take(position_ids, rows), response_len, temperature, with_entropy,
+                        extents, rows,
                     )
-                    for rows in (s or slice(0, 1) for s in slices)  # None: padding (sharded)
+                    for rows in (s or [0] for s in slices)  # None: padding (sharded)
                 ]
         finally:
             self.model.train(was_training)
-        outs = [out for out, rows in zip(outs, slices) if rows is not None]
-        logprobs = torch.cat([lp for lp, _ in outs])
-        entropy = torch.cat([ent for _, ent in outs]) if with_entropy else None
+        real = [(out, rows) for out, rows in zip(outs, slices) if rows is not None]
+        order = torch.tensor([i for _, rows in real for i in rows])
+        logprobs = _in_order(torch.cat([lp for (lp, _), _ in real]), order)
+        entropy = (_in_order(torch.cat([ent for (_, ent), _ in real]), order)
+                   if with_entropy else None)
         return logprobs, entropy
 
     def _forward(
@@ -371,11 +387,16 @@ class TrainEngine:
         temperature: float,
         with_entropy: bool,
         extents: _Extents,
-        rows: slice,
+        rows: list[int],
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         width = input_ids.shape[1]
         if not 0 < response_len < width:
             raise ValueError(f"response_len must be in 1..{width - 1}, got {response_len}")
+        if self.remove_padding:
+            packed = pack(input_ids.to(self.device), attention_mask.to(self.device),
+                          position_ids.to(self.device), response_len,
+                          attention=attention_of(self.model), dtype=self.dtype)
+            return self.head.packed(self.model, packed, temperature, with_entropy)
         left, right = extents.window(rows, width, response_len) if self.trim_padding else (0, 0)
         cols = slice(left, width - right)
         keep = response_len - right  # response columns computed
@@ -394,15 +415,17 @@ class TrainEngine:
         extents: _Extents,
         micro_batch_size: int | None,
         max_token_len: int | None,
-    ) -> list[slice]:
+    ) -> list[list[int] | None]:
+        """The rows of each micro-batch: by a token budget (`token_micro_batches`: balanced,
+        rows not in order) or consecutive runs of rows. None: a padding micro-batch (sharded)."""
         max_token_len = max_token_len or self.max_token_len
         if max_token_len is not None:  # dynamic batch size: row counts are ignored
-            slices = split_tokens(extents.lengths, max_token_len)
+            slices = token_micro_batches(extents.lengths, max_token_len)
         else:
             slices = split_rows(n_rows, micro_batch_size or self.micro_batch_size or max(n_rows, 1))
         return self._even(slices) if self.sharded else slices
 
-    def _even(self, slices: list[slice]) -> list[slice | None]:
+    def _even(self, slices: list[list[int]]) -> list[list[int] | None]:
         """As many micro-batches on this rank as on the rank with the most: FSDP2 gathers the
         parameters in every forward and reduces gradients in every backward on all ranks
         together. A rank with fewer splits its widest micro-batches, then adds padding ones
@@ -414,15 +437,15 @@ class TrainEngine:
                              "batch sizes divisible by the number of devices")
         count = torch.tensor([len(slices)])
         dist.all_reduce(count, op=dist.ReduceOp.MAX, group=self.dp_group)
-        out: list[slice | None] = list(slices)
+        out: list[list[int] | None] = list(slices)
         while len(out) < int(count):
-            widest = max(range(len(out)), key=lambda i: out[i].stop - out[i].start)
+            widest = max(range(len(out)), key=lambda i: len(out[i]))
             rows = out[widest]
-            if rows.stop - rows.start < 2:
+            if len(rows) < 2:
                 out += [None] * (int(count) - len(out))
                 break
-            middle = (rows.start + rows.stop) // 2
-            out[widest:widest + 1] = [slice(rows.start, middle), slice(middle, rows.stop)]
+            middle = len(rows) // 2
+            out[widest:widest + 1] = [rows[:middle], rows[middle:]]
         return out
 
     # ----------------------------------------------------------------------- update
@@ -473,8 +496,8 @@ class TrainEngine:
         totals: dict[str, torch.Tensor] = {}
         try:
             for rows, share, metric_share in zip(slices, shares, metric_shares):
-                padding, rows = rows is None, rows or slice(0, 1)
-                micro = {k: _to(v[rows], self.device) for k, v in batch.items()}
+                padding, rows = rows is None, rows or [0]
+                micro = {k: _to(_take(v, rows), self.device) for k, v in batch.items()}
                 logprobs, entropy = self._forward(
                     micro["input_ids"], micro["attention_mask"], micro["position_ids"],
                     response_mask.shape[1], temperature, with_entropy, extents, rows,
@@ -659,27 +682,55 @@ def engine_options(actor: ActorConfig, total_steps: int) -> dict[str, Any]:
         "total_steps": total_steps,
         "grad_clip": actor.grad_clip,
         "micro_batch_size": actor.ppo_micro_batch_size,
-        "max_token_len": actor.max_token_len_per_gpu if actor.use_dynamic_bsz else None,
         "loss_agg_mode": actor.loss_agg_mode,
         "offload_optimizer": actor.offload.optimizer,
+        **batch_options(actor),
+    }
+
+
+def batch_options(actor: ActorConfig) -> dict[str, Any]:
+    """How every training and forward-only engine of a run lays out its micro-batches (the
+    actor's settings, shared by the reference and the critic): a token budget with
+    `use_dynamic_bsz`, packing with `use_remove_padding`."""
+    return {
+        "max_token_len": actor.max_token_len_per_gpu if actor.use_dynamic_bsz else None,
+        "remove_padding": actor.use_remove_padding,
     }
 
 
 def _shares(
-    response_mask: torch.Tensor, slices: list[slice], mode: str
+    response_mask: torch.Tensor, slices: list[list[int]], mode: str
 ) -> tuple[list[float], list[float]]:
     """Loss and metric weights of each micro-batch; they sum to 1 (loss: all 1 for `sum`)."""
     n_rows = response_mask.shape[0]
-    by_rows = [(s.stop - s.start) / n_rows for s in slices]
+    by_rows = [len(s) / n_rows for s in slices]
     count = MICRO_SHARES[mode]
     if count is None:
         return [1.0] * len(slices), by_rows
-    counts = [float(count(response_mask[s])) for s in slices]
+    counts = [float(count(_take(response_mask, s))) for s in slices]
     total = sum(counts)
     if total == 0:  # no valid token anywhere: every loss is 0, weigh by rows
         return by_rows, by_rows
     shares = [c / total for c in counts]
     return shares, shares
+
+
+def _take(value: Any, rows: list[int]) -> Any:
+    """The rows `rows` of a tensor (a slice when they run consecutively: no copy)."""
+    if not isinstance(value, torch.Tensor):
+        return [value[i] for i in rows]
+    if rows == list(range(rows[0], rows[-1] + 1)):
+        return value[rows[0]:rows[-1] + 1]
+    return value[torch.tensor(rows, device=value.device)]
+
+
+def _in_order(values: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """Rows computed in `order` (micro-batch after micro-batch) back in the batch's order."""
+    if torch.equal(order, torch.arange(len(order))):
+        return values
+    out = torch.empty_like(values)
+    out[order.to(values.device)] = values
+    return out
 
 
 def _to(value: Any, device: torch.device) -> Any:

@@ -8,7 +8,8 @@
 
 Every function is `fn(completion, ground_truth, **kwargs) -> float` (see `functions`), registered
 by the name run specs use in `reward.functions`. Training (through `RewardComposer`, which adds
-the per-call time limit) and evaluation call the same functions. Importing this package is cheap:
+the per-call time limit and scores the cheap built-ins, `CHEAP_REWARDS`, in process) and
+evaluation call the same functions. Importing this package is cheap:
 math-verify and sympy are imported on first use.
 """
 
@@ -23,6 +24,7 @@ from rl_core.rewards.functions import (
     math_accuracy,
 )
 from rl_core.rewards.registry import (
+    CHEAP_REWARDS,
     REWARDS,
     RewardFn,
     UnknownRewardError,
@@ -31,6 +33,7 @@ from rl_core.rewards.registry import (
 )
 
 __all__ = [
+    "CHEAP_REWARDS",
     "REWARDS",
     "BatchScores",
     "RewardComposer",

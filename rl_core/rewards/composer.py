@@ -6,13 +6,19 @@
         scores.per_function["format"]     # [n] raw scores of one function
         scores.metrics()                  # {"reward/format/mean": …, "reward/timeouts": …}
 
-Functions run in a small pool of worker processes (started on first use, kept between batches).
-Each (response, function) call has `timeout_s`: a call that overruns scores 0, is counted in
-`timeouts`, and its worker is killed and replaced; a call that raises scores 0 and is counted in
-`errors`. Processes are used because nothing else can stop a sympy computation that never ends:
-signal-based limits (math-verify's own) only work in a process's main thread, and a thread cannot
-be killed. Workers are forked from a forkserver that has already loaded math-verify, so a
-replacement is ready in milliseconds.
+Each (response, function) call has `timeout_s`: a call that overruns scores 0 and is counted in
+`timeouts`; a call that raises scores 0 and is counted in `errors`. Functions run in a small pool
+of worker processes (started on first use, kept between batches), where an overrunning call's
+worker is killed and replaced. Processes are used because nothing else can stop a sympy
+computation that never ends: signal-based limits (math-verify's own) only work in a process's
+main thread, and a thread cannot be killed. Workers are forked from a forkserver that has already
+loaded math-verify, so a replacement is ready in milliseconds.
+
+The cheap built-ins (`CHEAP_REWARDS`: format, exact_match, countdown, …) run in the calling
+process instead, unless their entry says `in_process: false`, since the round trip to a worker
+costs more than the call. Such a call cannot be stopped: one that returns after `timeout_s` is
+scored and counted exactly as a worker's timeout, and one that raises exactly as a worker's
+error. `in_process: true` runs any function so, at the risk of a call that never returns.
 
 As with any multiprocessing code, a script that scores at import time must guard its entry point
 with `if __name__ == "__main__":` (the workers import the main module); `python -m rl_core`, Ray
@@ -34,8 +40,8 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import Any
 
-from rl_core.rewards._worker import READY, worker_main
-from rl_core.rewards.registry import RewardFn, check_kwargs, get_reward
+from rl_core.rewards._worker import READY, score_one, worker_main
+from rl_core.rewards.registry import CHEAP_REWARDS, RewardFn, check_kwargs, get_reward
 
 logger = logging.getLogger(__name__)
 
@@ -43,43 +49,66 @@ OK, TIMEOUT, ERROR = "ok", "timeout", "error"
 STARTUP_TIMEOUT_S = 120.0  # a worker that is not ready by then means a broken environment
 MAX_START_FAILURES = 3  # workers dying before they are ready, in a row
 MAX_WARNINGS_PER_BATCH = 3
+TIMED_OUT = "reward %r timed out after %.1f s on sample %d (%d chars); scored 0"
+RAISED = "reward %r raised on sample %d: %s"
 
 
 @dataclass(frozen=True)
 class RewardTerm:
-    """One resolved entry of `reward.functions`."""
+    """One resolved entry of `reward.functions`; `in_process`: scored in the calling process
+    rather than by the worker pool."""
 
     name: str
     fn: RewardFn
     weight: float = 1.0
     kwargs: dict[str, Any] = field(default_factory=dict)
+    in_process: bool = False
 
 
 def resolve_terms(functions: Sequence[Any]) -> list[RewardTerm]:
-    """`RewardFunctionSpec`s, mappings {name, weight, kwargs} or bare names -> checked terms.
+    """`RewardFunctionSpec`s, mappings {name, weight, kwargs, in_process} or bare names ->
+    checked terms. `in_process` None (or absent) means: in process when the name is in
+    `CHEAP_REWARDS`, in the pool otherwise.
 
     Raises UnknownRewardError for an unregistered name, TypeError for keyword arguments the
-    function does not take or a function worker processes cannot import, and ValueError for a
-    name listed twice (its per-function metrics would collide)."""
+    function does not take, an `in_process` that is not a bool or None, or a pooled function
+    worker processes cannot import, and ValueError for a name listed twice (its per-function
+    metrics would collide)."""
     terms: list[RewardTerm] = []
     for entry in functions:
         name = _field(entry, "name")
         weight, kwargs = _field(entry, "weight", 1.0), _field(entry, "kwargs") or {}
-        term = RewardTerm(name, get_reward(name), float(weight), dict(kwargs))
+        in_process = _in_process(name, _field(entry, "in_process"))
+        term = RewardTerm(name, get_reward(name), float(weight), dict(kwargs), in_process)
         check_kwargs(name, term.fn, term.kwargs)
         if any(t.name == name for t in terms):
             raise ValueError(f"reward function {name!r} is listed twice: list each name once")
-        try:
-            pickle.dumps(term.fn)
-        except Exception as error:
-            raise TypeError(
-                f"reward function {name!r} cannot be sent to a worker process ({error}): "
-                "register a module-level function"
-            ) from None
+        if not in_process:
+            _check_picklable(term)
         terms.append(term)
     if not terms:
         raise ValueError("no reward functions: give at least one")
     return terms
+
+
+def _in_process(name: str, value: Any) -> bool:
+    if value is None:
+        return name in CHEAP_REWARDS
+    if not isinstance(value, bool):
+        raise TypeError(
+            f"reward function {name!r}: in_process must be true, false or null, got {value!r}"
+        )
+    return value
+
+
+def _check_picklable(term: RewardTerm) -> None:
+    try:
+        pickle.dumps(term.fn)
+    except Exception as error:
+        raise TypeError(
+            f"reward function {term.name!r} cannot be sent to a worker process ({error}): "
+            "register a module-level function, or set in_process: true"
+        ) from None
 
 
 def _field(entry: Any, key: str, default: Any = None) -> Any:
@@ -112,11 +141,13 @@ class BatchScores:
 
 
 class RewardComposer:
-    """Weighted reward functions scored under a time limit in worker processes.
+    """Weighted reward functions scored under a time limit, in process or in worker processes.
 
-    functions: `RewardFunctionSpec`s, mappings {name, weight=1, kwargs={}}, or bare names.
+    functions: `RewardFunctionSpec`s, mappings {name, weight=1, kwargs={}, in_process=None}, or
+        bare names (see `resolve_terms`).
     timeout_s: limit for one function on one response (`reward.timeout_s`).
-    num_workers: worker processes (default: CPUs, at most 8).
+    num_workers: worker processes (default: CPUs, at most 8); started only when some function
+        is pooled.
     start_method: multiprocessing start method (default: forkserver where available, else spawn).
     `timeouts` and `errors` count failed calls since construction. Not thread-safe to share
     between concurrent callers beyond the internal lock (calls are serialised).
@@ -135,6 +166,8 @@ class RewardComposer:
         if num_workers is not None and num_workers < 1:
             raise ValueError(f"num_workers must be at least 1, got {num_workers}")
         self.terms = resolve_terms(functions)
+        self._local = [j for j, t in enumerate(self.terms) if t.in_process]
+        self._pooled = [j for j, t in enumerate(self.terms) if not t.in_process]
         self.timeout_s = float(timeout_s)
         self.num_workers = num_workers or min(8, _cpu_count())
         self.start_method = start_method or _default_start_method()
@@ -163,18 +196,37 @@ class RewardComposer:
                 f"{len(completions)} completions but {len(truths)} ground truths: give one each"
             )
         with self._lock:
-            if not completions:
-                return self._collect([], [])
-            if self._pool is None:
-                self._pool = _Pool(self.terms, self.num_workers, self.start_method)
-            try:
-                scores, status = self._pool.run(list(completions), truths, self.timeout_s)
-            except BaseException:
-                # interrupted mid-batch: workers may still be busy with this batch's calls
-                self._pool.close()
-                self._pool = None
-                raise
-            return self._collect(scores, status)
+            return self._collect(*self._score(list(completions), truths))
+
+    def _score(
+        self, completions: list[str], truths: list[Any]
+    ) -> tuple[list[list[float]], list[list[str]]]:
+        """[n][functions] scores and statuses: the in-process functions, then the pooled ones."""
+        n, f = len(completions), len(self.terms)
+        scores, status = [[0.0] * f for _ in range(n)], [[OK] * f for _ in range(n)]
+        warnings = _Warnings()
+        if completions and self._local:
+            local = [self.terms[j] for j in self._local]
+            part = _score_in_process(local, completions, truths, self.timeout_s, warnings)
+            _place(scores, status, self._local, part)
+        if completions and self._pooled:
+            _place(scores, status, self._pooled, self._score_pooled(completions, truths, warnings))
+        warnings.summarise()
+        return scores, status
+
+    def _score_pooled(
+        self, completions: list[str], truths: list[Any], warnings: _Warnings
+    ) -> tuple[list[list[float]], list[list[str]]]:
+        if self._pool is None:
+            pooled = [self.terms[j] for j in self._pooled]
+            self._pool = _Pool(pooled, self.num_workers, self.start_method)
+        try:
+            return self._pool.run(completions, truths, self.timeout_s, warnings)
+        except BaseException:
+            # interrupted mid-batch: workers may still be busy with this batch's calls
+            self._pool.close()
+            self._pool = None
+            raise
 
     def _collect(self, scores: list[list[float]], status: list[list[str]]) -> BatchScores:
         flat = [s for row in status for s in row]
@@ -203,6 +255,19 @@ class RewardComposer:
         self.close()
 
 
+def _place(
+    scores: list[list[float]],
+    status: list[list[str]],
+    columns: list[int],
+    part: tuple[list[list[float]], list[list[str]]],
+) -> None:
+    """Write `part` (n rows, one column per entry of `columns`) into columns `columns` of the
+    batch's [n][functions] `scores` and `status`."""
+    for i, (row_scores, row_status) in enumerate(zip(*part)):
+        for k, j in enumerate(columns):
+            scores[i][j], status[i][j] = row_scores[k], row_status[k]
+
+
 def _cpu_count() -> int:
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0)) or 1
@@ -211,6 +276,57 @@ def _cpu_count() -> int:
 
 def _default_start_method() -> str:
     return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+
+
+class _Warnings:
+    """A batch's failure warnings: the first MAX_WARNINGS_PER_BATCH are logged, then a count."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def warn(self, message: str, *args: Any) -> None:
+        self.count += 1
+        if self.count <= MAX_WARNINGS_PER_BATCH:
+            logger.warning(message, *args)
+
+    def summarise(self) -> None:
+        if self.count > MAX_WARNINGS_PER_BATCH:
+            logger.warning(
+                "%d more reward calls failed in this batch", self.count - MAX_WARNINGS_PER_BATCH
+            )
+
+
+# --------------------------------------------------------------------------- in process
+
+
+def _score_in_process(
+    terms: Sequence[RewardTerm],
+    completions: Sequence[str],
+    truths: Sequence[Any],
+    timeout_s: float,
+    warnings: _Warnings,
+) -> tuple[list[list[float]], list[list[str]]]:
+    """[n][len(terms)] scores and statuses of every term on every completion, in this process.
+
+    Scored by the worker's own `score_one`, so a call that raises or returns a non-finite number
+    is an ERROR scoring 0, as in a worker. A call cannot be stopped here: one that returns after
+    `timeout_s` (whatever it returned) is a TIMEOUT scoring 0, as if a worker had been killed.
+    """
+    scores = [[0.0] * len(terms) for _ in completions]
+    status = [[OK] * len(terms) for _ in completions]
+    for i, (completion, truth) in enumerate(zip(completions, truths)):
+        for k, term in enumerate(terms):
+            start = time.monotonic()
+            score, error = score_one(term.fn, completion, truth, term.kwargs)
+            if time.monotonic() - start > timeout_s:
+                warnings.warn(TIMED_OUT, term.name, timeout_s, i, len(completion))
+                status[i][k] = TIMEOUT
+            elif error is not None:
+                warnings.warn(RAISED, term.name, i, error)
+                status[i][k] = ERROR
+            else:
+                scores[i][k] = score
+    return scores, status
 
 
 # --------------------------------------------------------------------------- worker pool
@@ -258,9 +374,9 @@ class _Batch:
     num_terms: int
     scores: list[list[float]] = field(init=False)
     status: list[list[str]] = field(init=False)
+    warnings: _Warnings
     pending: deque[tuple[int, int]] = field(init=False)
     remaining: int = field(init=False)
-    warned: int = 0
 
     def __post_init__(self) -> None:
         n, f = len(self.completions), self.num_terms
@@ -288,17 +404,14 @@ class _Pool:
         self._finalizer = weakref.finalize(self, _stop_all, self.workers)
 
     def run(
-        self, completions: list[str], truths: list[Any], timeout_s: float
+        self, completions: list[str], truths: list[Any], timeout_s: float, warnings: _Warnings
     ) -> tuple[list[list[float]], list[list[str]]]:
-        batch = _Batch(completions, truths, len(self.terms))
+        """[n][len(terms)] scores and statuses; failures are reported to `warnings`."""
+        batch = _Batch(completions, truths, len(self.terms), warnings)
         while batch.remaining:
             self._dispatch(batch)
             self._receive(batch, self._wait_time(timeout_s))
             self._expire(batch, timeout_s)
-        if batch.warned > MAX_WARNINGS_PER_BATCH:
-            logger.warning(
-                "%d more reward calls failed in this batch", batch.warned - MAX_WARNINGS_PER_BATCH
-            )
         return batch.scores, batch.status
 
     def _dispatch(self, batch: _Batch) -> None:
@@ -338,8 +451,7 @@ class _Pool:
         sample, j, score, error = message
         batch.record(sample, j, score, OK if error is None else ERROR)
         if error is not None:
-            name = self.terms[j].name
-            self._warn(batch, "reward %r raised on sample %d: %s", name, sample, error)
+            batch.warnings.warn(RAISED, self.terms[j].name, sample, error)
         if j + 1 < len(self.terms):
             worker.fn_index, worker.since = j + 1, time.monotonic()
         else:
@@ -354,10 +466,8 @@ class _Pool:
                 )
             if worker.sample is not None and now - worker.since > timeout_s:
                 sample, j = worker.sample, worker.fn_index
-                self._warn(
-                    batch,
-                    "reward %r timed out after %.1f s on sample %d (%d chars); scored 0",
-                    self.terms[j].name, timeout_s, sample, len(batch.completions[sample]),
+                batch.warnings.warn(
+                    TIMED_OUT, self.terms[j].name, timeout_s, sample, len(batch.completions[sample])
                 )
                 self._fail_current(worker, batch, TIMEOUT)
                 self._replace(worker)
@@ -370,8 +480,8 @@ class _Pool:
             if self.start_failures >= MAX_START_FAILURES:
                 raise RuntimeError(f"reward workers exit before they are ready (exit code {code})")
         elif worker.sample is not None:
-            self._warn(
-                batch, "reward worker died (exit code %s) on sample %d", code, worker.sample
+            batch.warnings.warn(
+                "reward worker died (exit code %s) on sample %d", code, worker.sample
             )
             self._fail_current(worker, batch, ERROR)
         self._replace(worker)
@@ -388,11 +498,6 @@ class _Pool:
     def _replace(self, worker: _Worker) -> None:
         worker.stop()
         self.workers[self.workers.index(worker)] = _Worker(self.ctx, self.payload)
-
-    def _warn(self, batch: _Batch, message: str, *args: Any) -> None:
-        batch.warned += 1
-        if batch.warned <= MAX_WARNINGS_PER_BATCH:
-            logger.warning(message, *args)
 
     def close(self) -> None:
         self._finalizer()

@@ -39,6 +39,15 @@ REWARDS: dict[str, RewardFn] = {
     "countdown": countdown,
 }
 
+# Built-ins scored in the calling process unless `reward.functions[i].in_process` says otherwise:
+# each is pure, linear in the response (countdown's expression is capped at 256 characters and
+# only adds, subtracts, multiplies and divides), so a call cannot run away and the worker round
+# trip would cost more than the call. `math_accuracy` is not: math-verify runs without its own
+# time limit (see `rl_core.rewards.equivalence`) and only a worker process can stop it.
+CHEAP_REWARDS: frozenset[str] = frozenset(
+    {"format", "format_strict", "format_lenient", "exact_match", "countdown"}
+)
+
 
 def reward_names() -> list[str]:
     """Every registered name, sorted."""

@@ -32,7 +32,7 @@ from rl_core.data.batch import Batch
 from rl_core.data.prompts import decode_rows
 from rl_core.engines import rollout_engine, training_engine
 from rl_core.engines.rollout import SamplingParams, draw_uniforms
-from rl_core.engines.train import TrainEngine, ValueHead, split_rows, token_logprobs
+from rl_core.engines.train import PARAM_DTYPES, TrainEngine, ValueHead, batch_options
 from rl_core.errors import NonFiniteError, TrainingStopped
 from rl_core.models.loading import load_model_and_tokenizer
 from rl_core.roles.group import Worker
@@ -94,19 +94,19 @@ def load_policy(spec: RunSpec, path: str, device: torch.device):
 
 @torch.no_grad()
 def sequence_logprobs(model, columns: Mapping[str, torch.Tensor], temperature: float,
-                      micro_batch_size: int | None = None) -> torch.Tensor:
-    """Log-probs (B, R) of each row's response tokens under a frozen model."""
-    input_ids, response_len = columns["input_ids"], columns["response_mask"].shape[1]
-    device = next(model.parameters()).device
-    outs = []
-    for rows in split_rows(len(input_ids), micro_batch_size or len(input_ids)):
-        out = model(input_ids=input_ids[rows].to(device),
-                    attention_mask=columns["attention_mask"][rows].to(device),
-                    position_ids=columns["position_ids"][rows].to(device),
-                    use_cache=False, logits_to_keep=response_len + 1)
-        labels = input_ids[rows, -response_len:].to(device)
-        outs.append(token_logprobs(out.logits[:, :-1], labels, temperature)[0].cpu())
-    return torch.cat(outs)
+                      micro_batch_size: int | None = None, *, max_token_len: int | None = None,
+                      remove_padding: bool = False) -> torch.Tensor:
+    """Log-probs (B, R) of each row's response tokens under a frozen model, on the device it
+    is on, micro-batched by rows or a token budget, packed with `remove_padding`."""
+    param = next(model.parameters())
+    dtype = next(name for name, dt in PARAM_DTYPES.items() if dt == param.dtype)
+    engine = TrainEngine(model, lr=0.0, device=param.device, param_dtype=dtype,
+                         micro_batch_size=micro_batch_size, max_token_len=max_token_len,
+                         remove_padding=remove_padding)
+    logprobs, _ = engine.forward_logprobs(
+        columns["input_ids"], columns["attention_mask"], columns["position_ids"],
+        columns["response_mask"].shape[1], temperature=temperature)
+    return logprobs.cpu()
 
 
 class TrainedRole(Worker):
@@ -404,7 +404,7 @@ class ReferenceWorker(Worker):
         # sharded in place: the model is the reference's own (loaded on the host, or a copy)
         self.engine = FSDP2Engine.frozen(self.model, mesh=role_mesh(self.device, self.world_size),
                                          param_dtype=self.spec.model.dtype,
-                                         offload=self.offload)
+                                         offload=self.offload, **batch_options(self.spec.actor))
         self.model = self.engine.model
 
     @contextlib.contextmanager
@@ -427,7 +427,7 @@ class ReferenceWorker(Worker):
         with self.measured("ref_logprob"), self._on_device():
             return {"ref_logprobs": sequence_logprobs(
                 self.model, chunk.columns, self.temperature,
-                self.spec.reference.log_prob_micro_batch_size)}
+                self.spec.reference.log_prob_micro_batch_size, **batch_options(self.spec.actor))}
 
     def ref_logprobs(self, cols: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """The `ref_logprob` stage of a sharded reference on this rank's share (all ranks at
@@ -526,7 +526,7 @@ class CriticWorker(TrainedRole):
             "warmup_steps": critic.warmup_steps, "lr_scheduler": "constant",
             "total_steps": total_steps, "grad_clip": spec.actor.grad_clip,
             "param_dtype": spec.model.dtype, "micro_batch_size": critic.ppo_micro_batch_size,
-            "loss_agg_mode": "token-mean", "metric_prefix": "critic/"}
+            "loss_agg_mode": "token-mean", "metric_prefix": "critic/", **batch_options(spec.actor)}
         self.model = model
         self.start_engine(spec)
 

@@ -38,6 +38,23 @@ def test_two_sharded_ranks_equal_the_plain_engine_on_one(algorithm, tmp_path, sf
         assert_close(got, want)
 
 
+def test_packed_sharded_ranks_with_a_token_budget_equal_the_plain_padded_engine(
+        tmp_path, sft_base, local_ray, plain_run):
+    """PPO (actor, reference and critic sharded) with remove padding and Karmarkar–Karp
+    micro-batches, its stages' rows balanced over the ranks by tokens: the plain run's metrics."""
+    out = tmp_path / "run"
+    spec = fsdp_spec("ppo", sft_base, out, 2)
+    longest = resolve_spec(spec).data.max_prompt_length + resolve_spec(spec).rollout.max_new_tokens
+    spec["actor"].update(use_remove_padding=True, use_dynamic_bsz=True,
+                         max_token_len_per_gpu=2 * longest)
+    run(resolve_spec(spec), backend="ray")
+    logged = comparable(read_metrics(out))
+    plain = plain_run("ppo")
+    assert [r["step"] for r in logged] == [r["step"] for r in plain]
+    for got, want in zip(logged, plain):
+        assert_close(got, want)
+
+
 def assert_close(got: dict, want: dict) -> None:
     """Equal up to the rounding of sums taken in another order. A clip fraction counts tokens
     on either side of a threshold, and the critic's first values sit exactly on it (new values

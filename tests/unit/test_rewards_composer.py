@@ -1,14 +1,18 @@
-"""RewardComposer: weighted composition, per-call time limits, errors, workers' life cycle."""
+"""RewardComposer: weighted composition, per-call time limits, errors, in-process and pooled
+functions, workers' life cycle."""
 
 import logging
 import math
+import multiprocessing
 import os
 import threading
 import time
 
 import pytest
+from pydantic import ValidationError
 
 from rl_core.rewards import (
+    CHEAP_REWARDS,
     REWARDS,
     BatchScores,
     RewardComposer,
@@ -20,6 +24,7 @@ from rl_core.rewards import (
 from rl_core.spec import RewardConfig, RewardFunctionSpec
 
 WELL_FORMED = "<think>a</think><answer>1</answer>"
+POOLED_FORMAT = {"name": "format", "in_process": False}
 
 
 # Test-only reward functions, registered per test with monkeypatch. Module-level, so the worker
@@ -225,8 +230,9 @@ def test_it_refuses_bad_settings(kwargs, match):
 
 
 def test_it_works_with_the_spawn_start_method():
-    with RewardComposer(["format"], num_workers=1, start_method="spawn") as composer:
+    with RewardComposer([POOLED_FORMAT], num_workers=1, start_method="spawn") as composer:
         assert composer.score_batch([WELL_FORMED, "x"]).total == [1.0, 0.0]
+        assert composer._pool is not None
 
 
 # --------------------------------------------------------------------------- time limits and errors
@@ -298,7 +304,7 @@ def test_a_worker_that_dies_is_replaced(test_rewards):
 
 
 def test_close_stops_the_workers_and_a_later_batch_restarts_them():
-    composer = RewardComposer(["format"], num_workers=2)
+    composer = RewardComposer([POOLED_FORMAT], num_workers=2)
     composer.score_batch([WELL_FORMED])
     processes = [w.process for w in composer._pool.workers]
     assert all(p.is_alive() for p in processes)
@@ -336,3 +342,155 @@ def test_an_interrupted_batch_leaves_no_stale_results(test_rewards, monkeypatch)
             composer.score_batch(["slow", "fast"])
         monkeypatch.setattr(composer_module._Pool, "_receive", receive)
         assert composer.score_batch(["fast", "fast"]).total == [1.0, 1.0]
+
+
+# --------------------------------------------------------------------------- in process or pooled
+
+CHEAP = [
+    {"name": "format", "weight": 0.5},
+    {"name": "format_lenient"},
+    {"name": "exact_match", "kwargs": {"ignore_case": True}},
+    {"name": "countdown"},
+]
+MIXED_COMPLETIONS = [
+    "<think>6*7</think><answer>42</answer>",
+    "<think>x</think> so <answer>\\boxed{42}</answer>",
+    "<think>(3+1)*6</think><answer>(3+1)*6</answer>",
+    "<think>never closed",
+    "",
+]
+MIXED_TRUTHS = ["42", "42", '{"target": 24, "numbers": [3, 1, 6]}', "42", None]
+
+
+def all_pooled(functions):
+    return [{**f, "in_process": False} for f in functions]
+
+
+def test_cheap_builtins_are_the_ones_with_nothing_to_stop():
+    assert CHEAP_REWARDS == {
+        "format", "format_strict", "format_lenient", "exact_match", "countdown"
+    }
+    assert CHEAP_REWARDS < set(REWARDS)
+    assert not {"math_accuracy", "math"} & CHEAP_REWARDS
+
+
+def test_cheap_functions_score_in_process_without_starting_a_pool():
+    before = set(multiprocessing.active_children())
+    with RewardComposer(CHEAP, num_workers=2) as composer:
+        assert [t.in_process for t in composer.terms] == [True] * 4
+        scores = composer.score_batch(MIXED_COMPLETIONS, MIXED_TRUTHS)
+        assert composer._pool is None
+        assert set(multiprocessing.active_children()) == before
+    assert scores.per_function == {
+        "format": [1.0, 0.0, 1.0, 0.0, 0.0],
+        "format_lenient": [1.0, 1.0, 1.0, 0.0, 0.0],
+        "exact_match": [1.0, 0.0, 0.0, 0.0, 0.0],
+        "countdown": [0.0, 0.0, 1.0, 0.0, 0.0],
+    }
+    # 0.5·format + format_lenient + exact_match + countdown
+    assert scores.total == [2.5, 1.0, 2.5, 0.0, 0.0]
+
+
+def test_a_pool_starts_only_for_the_pooled_functions():
+    with RewardComposer(["math_accuracy", "format"], num_workers=1) as composer:
+        assert [t.in_process for t in composer.terms] == [False, True]
+        assert composer.score_batch(["<think>a</think><answer>42</answer>"], ["42"]).total == [2.0]
+        assert [t.name for t in composer._pool.terms] == ["math_accuracy"]
+
+
+@pytest.mark.parametrize("pooled", [["math_accuracy"], ["math_accuracy", "exact_match"]])
+def test_mixed_functions_score_as_all_pooled(pooled):
+    functions = [{"name": "math_accuracy", "weight": 2.0}, *CHEAP]
+    mixed = [{**f, "in_process": None if f["name"] not in pooled else False} for f in functions]
+    with RewardComposer(mixed, num_workers=2) as composer:
+        got = composer.score_batch(MIXED_COMPLETIONS, MIXED_TRUTHS)
+        assert [t.name for t in composer._pool.terms] == pooled
+    with RewardComposer(all_pooled(functions), num_workers=2) as composer:
+        want = composer.score_batch(MIXED_COMPLETIONS, MIXED_TRUTHS)
+    assert got == want
+    assert got.total[0] == 2.0 + 0.5 + 1.0 + 1.0  # math, format, format_lenient, exact_match
+
+
+@pytest.mark.parametrize("in_process", [True, False])
+def test_errors_are_the_same_in_process_as_in_a_worker(test_rewards, caplog, in_process):
+    functions = [
+        {"name": "raising", "in_process": in_process},
+        {"name": "not_a_number", "in_process": in_process},
+        {"name": "format"},
+    ]
+    with RewardComposer(functions, num_workers=1) as composer:
+        with caplog.at_level(logging.WARNING):
+            scores = composer.score_batch(["bad", WELL_FORMED])
+        assert (composer._pool is None) == in_process
+        assert scores.per_function == {
+            "raising": [0.0, 1.0],
+            "not_a_number": [0.0, 0.0],
+            "format": [0.0, 1.0],
+        }
+        assert (scores.timeouts, scores.errors) == (0, 3)
+        assert (composer.timeouts, composer.errors) == (0, 3)
+        assert "reward 'raising' raised on sample 0: ValueError: cannot score this" in caplog.text
+        assert "reward 'not_a_number' raised on sample 1: non-finite score nan" in caplog.text
+
+
+@pytest.mark.parametrize("in_process", [True, False])
+def test_a_call_past_the_limit_is_a_timeout_in_process_as_in_a_worker(
+    test_rewards, caplog, in_process
+):
+    # in process the slow call returns 1.0 after 0.6 s; it still scores 0 as a timeout
+    functions = [{"name": "sleepy", "kwargs": {"seconds": 0.6}, "in_process": in_process}, "format"]
+    with RewardComposer(functions, timeout_s=0.2, num_workers=1) as composer:
+        completions = ["<think>slow</think><answer>1</answer>", WELL_FORMED]
+        with caplog.at_level(logging.WARNING), bounded(5.0):
+            scores = composer.score_batch(completions)
+        assert scores.per_function == {"sleepy": [0.0, 1.0], "format": [1.0, 1.0]}
+        assert scores.total == [1.0, 2.0]
+        assert (scores.timeouts, scores.errors) == (1, 0)
+        assert (composer.timeouts, composer.errors) == (1, 0)
+        assert "'sleepy' timed out after 0.2 s on sample 0 (37 chars); scored 0" in caplog.text
+        assert composer.score_batch(["fast"]).per_function["sleepy"] == [1.0]
+        assert composer.timeouts == 1
+
+
+def test_failures_in_process_and_in_the_pool_share_one_warning_budget(test_rewards, caplog):
+    functions = [{"name": "raising", "in_process": True}, {"name": "not_a_number"}]
+    with RewardComposer(functions, num_workers=1) as composer:
+        with caplog.at_level(logging.WARNING):
+            scores = composer.score_batch(["bad", "bad", "bad"])
+    assert scores.errors == 6
+    assert caplog.text.count(" raised on sample ") == 3
+    assert "3 more reward calls failed in this batch" in caplog.text
+
+
+def test_in_process_true_runs_any_function_here(monkeypatch):
+    # a function a worker could not import is fine in process
+    monkeypatch.setitem(REWARDS, "inline", lambda completion, ground_truth: 1.0)
+    functions = [
+        {"name": "inline", "in_process": True},
+        {"name": "math_accuracy", "in_process": True},
+    ]
+    with RewardComposer(functions) as composer:
+        assert composer.score_batch(["\\boxed{2\\sqrt{3}}"], ["\\sqrt{12}"]).total == [2.0]
+        assert composer._pool is None
+
+
+def test_the_spec_field_chooses_where_a_function_runs():
+    assert RewardFunctionSpec(name="format").in_process is None
+    config = RewardConfig(
+        functions=[
+            RewardFunctionSpec(name="format", in_process=False),
+            RewardFunctionSpec(name="exact_match"),
+            RewardFunctionSpec(name="math_accuracy", in_process=True),
+        ]
+    )
+    with RewardComposer.from_config(config, num_workers=1) as composer:
+        assert [t.in_process for t in composer.terms] == [False, True, True]
+        assert composer.score_batch([WELL_FORMED], ["1"]).total == [3.0]
+        assert [t.name for t in composer._pool.terms] == ["format"]
+
+
+def test_the_spec_field_refuses_what_is_not_a_bool():
+    with pytest.raises(ValidationError, match="in_process"):
+        RewardFunctionSpec(name="format", in_process="sometimes")
+    with pytest.raises(TypeError, match="'format': in_process must be true, false or null"):
+        RewardComposer([{"name": "format", "in_process": "sometimes"}])

@@ -206,6 +206,12 @@ RULE_CASES = [
     ),
     (["algorithm=dpo", "reference.enable=false"], "reference.enable", "set reference.enable=true"),
     (
+        ["algorithm=dpo", "advantage.adv_estimator=null", "actor.use_dynamic_bsz=true",
+         "actor.max_token_len_per_gpu=4096"],
+        "actor.use_dynamic_bsz",
+        "set actor.use_dynamic_bsz=false",
+    ),
+    (
         ["rollout.n_samples_per_prompt=1"],
         "rollout.n_samples_per_prompt",
         "set rollout.n_samples_per_prompt >= 2",

@@ -383,12 +383,12 @@ def test_each_preset_validates_and_every_device_is_a_data_parallel_replica(algor
 def test_the_cli_exits_2_on_a_value_not_implemented_yet():
     result = subprocess.run(
         [sys.executable, "-m", "rl_core", "spec", "validate",
-         str(ROOT / "examples" / "spec_grpo_minimal.yaml"), "actor.use_remove_padding=true"],
+         str(ROOT / "examples" / "spec_grpo_minimal.yaml"), "rollout.tensor_parallel_size=2"],
         cwd=ROOT, capture_output=True, text=True, timeout=60,
     )
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.strip() == (
-        "actor.use_remove_padding: true is not implemented yet (only false); see docs/run-spec.md"
+        "rollout.tensor_parallel_size: 2 is not implemented yet (only 1); see docs/run-spec.md"
     )
 
 

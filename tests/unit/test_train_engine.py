@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from rl_core.algos import entropy_from_logits, get_policy_loss
-from rl_core.engines.train import NonFiniteError, TrainEngine, sft_loss_fn, split_tokens
+from rl_core.engines.balance import token_micro_batches
+from rl_core.engines.train import NonFiniteError, TrainEngine, sft_loss_fn
 from rl_core.models.tiny import build_tiny
 from rl_core.spec import ActorConfig
 
@@ -218,7 +219,7 @@ def test_a_configured_token_budget_overrides_row_counts(nano):
     engine.train_step(batch, counting, micro_batch_size=8)
 
     lengths = batch["attention_mask"].sum(1).tolist()
-    assert sizes == [s.stop - s.start for s in split_tokens(lengths, 20)]
+    assert sizes == [len(rows) for rows in token_micro_batches(lengths, 20)]
     assert len(sizes) > 1
 
 

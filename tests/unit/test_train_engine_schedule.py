@@ -4,7 +4,8 @@ import math
 
 import pytest
 
-from rl_core.engines.train import lr_factor, split_rows, split_tokens
+from rl_core.engines.balance import token_micro_batches
+from rl_core.engines.train import lr_factor, split_rows
 
 
 def factors(schedule, warmup, total, steps):
@@ -39,20 +40,13 @@ def test_an_unknown_schedule_names_the_choices():
         lr_factor(0, warmup_steps=0, total_steps=1, schedule="step")
 
 
-def test_rows_split_into_consecutive_slices_with_a_short_last_one():
-    assert split_rows(7, 3) == [slice(0, 3), slice(3, 6), slice(6, 7)]
-    assert split_rows(4, 8) == [slice(0, 4)]
-
-
-def test_token_budget_splits_consecutive_rows():
-    # 5+4 fit in 10; 3+6 = 9 fits; 12 alone exceeds the budget but gets its own slice
-    assert split_tokens([5, 4, 3, 6, 12, 1], 10) == [
-        slice(0, 2), slice(2, 4), slice(4, 5), slice(5, 6)
-    ]
+def test_rows_split_into_consecutive_runs_with_a_short_last_one():
+    assert split_rows(7, 3) == [[0, 1, 2], [3, 4, 5], [6]]
+    assert split_rows(4, 8) == [[0, 1, 2, 3]]
 
 
 def test_non_positive_sizes_are_refused():
     with pytest.raises(ValueError):
         split_rows(4, 0)
     with pytest.raises(ValueError):
-        split_tokens([1], 0)
+        token_micro_batches([1], 0)
