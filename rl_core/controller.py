@@ -4,6 +4,7 @@
     train, val = ctl.load_prompts()                  # (or the recipe's own items)
     restored = ctl.start(len(train), reference=True)  # loader, roles, tracker; resumed state
     batch = ctl.generate(prompt_ids, ctl.sampling)   # over the actor's ranks, one Batch
+    batch, truths, metrics = ctl.generate_partial(buffer, train, groups)  # partial rollout
     batch, metrics = ctl.run_stages(batch, truths, ["reward", "ref_logprob"], timer)
     summary = ctl.fit(train_step, validate, extra_state)
 
@@ -15,6 +16,7 @@ calls the workers directly, `"ray"` as actors (`rl_core.roles.cluster`).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 import sys
@@ -35,6 +37,7 @@ from rl_core.checkpoint import (
 from rl_core.data import channel as channels
 from rl_core.data.batch import SEQUENCE_COLUMNS, Batch
 from rl_core.data.loader import ResumableLoader
+from rl_core.data.partial import PartialRollouts, StepCounts, contexts, rollout_batch
 from rl_core.data.prompts import Prompts, tokenize_prompts
 from rl_core.data.run_data import load_prompt_data
 from rl_core.engines.balance import balanced_shares
@@ -327,6 +330,36 @@ class Controller:
             raise StaleWeightsError(f"the actor's ranks rolled out from different policy versions "
                              f"{sorted(versions)}: a rank missed a weight sync")
         return Batch.concat([part for part, _ in made])
+
+    def generate_partial(self, buffer: PartialRollouts, prompts: Prompts, groups: int
+                         ) -> tuple[Batch, list[Any], dict[str, float]]:
+        """Partial rollout (`rl_core.data.partial`): rollout calls of at most `buffer.chunk`
+        new tokens per sample until `groups` groups are complete, the waiting samples first and
+        new prompts from the loader after them; returns those groups as one rollout batch,
+        their ground truths (by `prompt_index`) and the `rollout/partial/*` metrics.
+
+        Each call is one `generate` with n = 1 over the samples' prompts and tokens so far, so
+        its rows shard over the actor's ranks and draw from the call's seed as any rollout."""
+        params = dataclasses.replace(self.sampling, n=1, max_new_tokens=buffer.chunk)
+        version = self.step  # the policy version: one update per step
+        counts = StepCounts()
+        while True:
+            counts.expired += buffer.expire(version)
+            if buffer.ready >= groups:
+                break
+            items = buffer.draw(buffer.wanted(groups), self.loader)
+            buffer.add(items, [prompts.ids[i] for i in items])
+            rows = buffer.running()
+            if not rows:
+                raise InputError(f"data: the training prompts ran out with {buffer.ready} of the "
+                                 f"{groups} complete groups a step needs: lower "
+                                 "trainer.total_steps or raise trainer.total_epochs")
+            ended, cut = buffer.record(rows, self.generate(contexts(rows), params), version)
+            counts.calls, counts.rows = counts.calls + 1, counts.rows + len(rows)
+            counts.ended, counts.cut = counts.ended + ended, counts.cut + cut
+        done = buffer.pop(groups)
+        batch = rollout_batch(done, self.tokenizer.pad_token_id)
+        return batch, [prompts.truths[g.item] for g in done], counts.metrics(done, buffer.pending)
 
     def run_stages(self, batch: Batch, truths: list[Any] | None, stages: list[str],
                    timer: Timer) -> tuple[Batch, dict[str, float]]:

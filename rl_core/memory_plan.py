@@ -444,7 +444,8 @@ def setup_of(spec: RunSpec) -> Setup:
 
 def _micro_rows(spec: RunSpec, dp: int) -> dict[str, int | None]:
     """Rows per forward of each stage, as the roles split them; with `use_dynamic_bsz` the
-    actor's token budget holds `max_token_len_per_gpu // length` full-length rows."""
+    token budget (the actor's, which the reference and the critic share) holds
+    `max_token_len_per_gpu // length` full-length rows."""
     actor, n = spec.actor, spec.rollout.n_samples_per_prompt
     seq = spec.data.max_prompt_length + spec.rollout.max_new_tokens
     rows = math.ceil(spec.data.train_batch_size / dp) * n  # responses per device per step
@@ -459,9 +460,10 @@ def _micro_rows(spec: RunSpec, dp: int) -> dict[str, int | None]:
     return {
         "train_rows": min(train, mini),
         "old_logprob_rows": None if on_policy or spec.algorithm == "dpo" else min(old, rows),
-        "reference_rows": min(spec.reference.log_prob_micro_batch_size, rows)
+        "reference_rows": min(budget or spec.reference.log_prob_micro_batch_size, rows)
         if spec.reference.enable else None,
-        "critic_rows": min(spec.critic.ppo_micro_batch_size, mini) if spec.critic.enable else None,
+        "critic_rows": min(budget or spec.critic.ppo_micro_batch_size, mini)
+        if spec.critic.enable else None,
     }
 
 

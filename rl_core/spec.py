@@ -297,8 +297,20 @@ class RolloutConfig(_Strict):
         0,
         ge=0,
         le=1_024,
-        description="Partial rollout: finish the longest responses over up to N steps so one "
-        "long response does not stall a step; 0 or 1 turns it off.",
+        description="Partial rollout: each rollout call generates at most max_new_tokens / N "
+        "tokens per response; unfinished responses wait and go on in the next call (the next "
+        "step's, under the updated policy) ahead of new prompts, and a step trains once "
+        "data.train_batch_size groups have all their responses finished, so one long response "
+        "does not stall a step; 0 or 1 turns it off.",
+    )
+    partial_rollout_max_age: int | None = Field(
+        None,
+        ge=1,
+        le=1_024,
+        description="Partial rollout: the most policy versions one response's pieces may come "
+        "from; a response whose next piece would come from a later one is cut there (ended, "
+        "not finished). Default: partial_rollout_max_split, enough for a response that gets "
+        "a piece in every step to reach max_new_tokens.",
     )
     tensor_parallel_size: int = Field(
         1,
@@ -744,7 +756,6 @@ def _only_defaults(model: type[BaseModel], prefix: str) -> dict[str, tuple[Any, 
 
 
 NOT_IMPLEMENTED: dict[str, tuple[Any, ...]] = {
-    "rollout.partial_rollout_max_split": (0, 1),  # both mean no partial rollout
     "rollout.tensor_parallel_size": (1,),
     "reward.reward_model": (None,),
     "parallel.tensor_parallel_size": (1,),
@@ -1113,6 +1124,25 @@ def _rule_lengths(s: RunSpec) -> Iterator[Violation]:
         )
 
 
+def _rule_partial_rollout(s: RunSpec) -> Iterator[Violation]:
+    """`rollout.partial_rollout_max_age` only with partial rollout; partial rollout neither
+    with DAPO dynamic sampling nor for DPO."""
+    r = s.rollout
+    if r.partial_rollout_max_split <= 1:
+        if r.partial_rollout_max_age is not None:
+            yield ("rollout.partial_rollout_max_age", "applies only with partial rollout: set "
+                   "rollout.partial_rollout_max_split > 1 or remove it")
+        return
+    if s.advantage.dynamic_sampling.enable:
+        yield ("rollout.partial_rollout_max_split", "dynamic sampling draws whole generation "
+               "batches and keeps the groups whose rewards differ, partial rollout trains groups "
+               "as their responses finish: set advantage.dynamic_sampling.enable=false or "
+               "rollout.partial_rollout_max_split=0")
+    if s.algorithm == "dpo":
+        yield ("rollout.partial_rollout_max_split", "DPO makes its pairs from one step's "
+               "whole responses: set it to 0 (partial rollout is for grpo, dapo and ppo)")
+
+
 def _rule_reward(s: RunSpec) -> Iterator[Violation]:
     """GRPO, DAPO and PPO need `reward.functions`."""
     if s.algorithm != "dpo" and not s.reward.functions and s.reward.reward_model is None:
@@ -1188,6 +1218,7 @@ _RULES: tuple[Callable[[RunSpec], Iterator[Violation]], ...] = (
     _rule_batch_sizes,
     _rule_layouts,
     _rule_lengths,
+    _rule_partial_rollout,
     _rule_reward,
     _rule_trainer,
     _rule_offload,

@@ -16,9 +16,10 @@ Attention must then stay inside each row; how depends on the model's attention i
 
 - `sdpa` (transformers' default): `prepare_packing` switches the model to `sdpa_varlen`,
   registered here: with boundaries it runs `scaled_dot_product_attention` causally on each row's
-  slice of the packed queries, keys and values (the CPU's flash kernel; each row costs its own
-  length squared, not N²); without them (generation, any unpacked call) it is transformers'
-  sdpa itself, so the model behaves as before everywhere else. A block-diagonal mask over the
+  slice of the packed queries, keys and values, the rows of one length batched into one call
+  (the CPU's flash kernel; each row costs its own length squared, not N²); without them
+  (generation, any unpacked call) it is transformers' sdpa itself, so the model behaves as
+  before everywhere else. A block-diagonal mask over the
   whole sequence would also be exact, but sdpa with an arbitrary mask materialises N² scores
   per head.
 - `flash_attention_2` / `flash_attention_3` (flash-attn on CUDA; transformers routes the same
@@ -63,7 +64,9 @@ def varlen_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
                 ) -> tuple[torch.Tensor, None]:
     """transformers' sdpa, row by row over a packed sequence when `cu_seq_lens_q` is given.
 
-    query (1, H, N, D), key and value (1, Hkv, N, D) -> (1, N, H, D), as sdpa returns.
+    query (1, H, N, D), key and value (1, Hkv, N, D) -> (1, N, H, D), as sdpa returns. Rows of
+    one length go through one causal sdpa call as a batch (gathered, then scattered back), so a
+    micro-batch of many short rows costs one call per distinct length, not one per row.
     """
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -73,9 +76,22 @@ def varlen_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     kwargs["is_causal"] = True
     bounds = cu_seq_lens_q.tolist()
-    rows = [sdpa_attention_forward(module, query[:, :, a:b], key[:, :, a:b], value[:, :, a:b],
-                                   None, **kwargs)[0] for a, b in zip(bounds, bounds[1:])]
-    return torch.cat(rows, dim=1), None
+    starts: dict[int, list[int]] = {}
+    for a, b in zip(bounds, bounds[1:]):
+        starts.setdefault(b - a, []).append(a)
+    out = query.new_empty(1, query.shape[2], query.shape[1], query.shape[3])  # (1, N, H, D)
+    for length, firsts in starts.items():
+        positions = (torch.tensor(firsts)[:, None] + torch.arange(length)).flatten()
+        positions = positions.to(query.device)  # (rows * length,)
+
+        def rows(x: torch.Tensor) -> torch.Tensor:  # (1, h, N, D) -> (rows, h, length, D)
+            picked = x[0].index_select(1, positions)
+            return picked.unflatten(1, (len(firsts), length)).transpose(0, 1)
+
+        attended, _ = sdpa_attention_forward(module, rows(query), rows(key), rows(value), None,
+                                             **kwargs)  # (rows, length, H, D)
+        out = out.index_copy(1, positions, attended.flatten(0, 1)[None])
+    return out, None
 
 
 def _register_varlen_sdpa() -> None:

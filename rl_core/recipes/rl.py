@@ -12,7 +12,10 @@ work row by row pull it from there at once: `reward` (reward workers), `ref_logp
 strictly on-policy) and `values` (the critic, PPO). The recipe computes advantages, then the
 actor (and the critic) update on `ppo_epochs` passes of mini-batches, each split over the
 data-parallel ranks. DAPO adds overlong reward shaping and dynamic sampling (rewards first, then
-the other stages on the kept groups).
+the other stages on the kept groups). With partial rollout (`rollout.partial_rollout_max_split`)
+a step's rollout is calls of a piece of each response until `data.train_batch_size` groups are
+complete (`Controller.generate_partial`); the unfinished responses wait in a buffer saved with the
+checkpoint and go on in the next step under the updated policy.
 
 With the same seed the two backends give the same metrics, up to floating-point rounding, for
 any number of data-parallel ranks. The data, roles, checkpoints and loop are the controller's
@@ -30,6 +33,7 @@ import torch
 from rl_core import algos
 from rl_core.controller import Controller, batch_metrics
 from rl_core.data.batch import Batch
+from rl_core.data.partial import PartialRollouts
 from rl_core.engines.balance import balanced_shares
 from rl_core.errors import InputError, TrainingStopped
 from rl_core.roles.group import collect
@@ -90,8 +94,14 @@ class RLTrainer:
         self.kl_ctrl = algos.make_kl_controller(adv.kl_ctrl, adv.kl_coef, adv.kl_target, adv.kl_horizon)
         reference = spec.reference.enable and (spec.actor.use_kl_loss or adv.use_kl_in_reward)
         restored = self.ctl.start(len(self.train), reference=reference, tracker=tracker)
+        self.partial = PartialRollouts.from_spec(spec)
         if restored is not None:
             self.kl_ctrl.value = restored["kl_coef"]
+            try:
+                self._restore_partial(restored.get("partial"))
+            except InputError:
+                self.ctl.close()
+                raise
         self.sampling = self.ctl.sampling
 
     # the run's state, for callers and tests
@@ -121,7 +131,19 @@ class RLTrainer:
         self.ctl.close()
 
     def _state(self) -> dict[str, Any]:
-        return {"kl_coef": self.kl_ctrl.value}
+        state: dict[str, Any] = {"kl_coef": self.kl_ctrl.value}
+        if self.partial is not None:
+            state["partial"] = self.partial.state_dict()
+        return state
+
+    def _restore_partial(self, state: dict[str, Any] | None) -> None:
+        """The checkpoint's waiting responses back into the buffer (a checkpoint without them
+        starts it empty; with partial rollout now off they are dropped, with a warning)."""
+        if self.partial is not None and state is not None:
+            self.partial.load_state_dict(state)
+        elif state is not None and state["groups"]:
+            log.warning("rollout.partial_rollout_max_split is off: the checkpoint's %d groups "
+                        "in flight are dropped", len(state["groups"]))
 
     # ----------------------------------------------------------------------- a step
 
@@ -145,9 +167,15 @@ class RLTrainer:
         dynamic = self.spec.advantage.dynamic_sampling
         if dynamic.enable:
             return self._dynamic_batch(dynamic.max_num_gen_batches, timer)
-        prompts = self.train.take(next(self.ctl.loader))
-        batch = self.ctl.generate(prompts.ids, self.sampling)
-        columns, metrics = self.ctl.run_stages(batch, prompts.truths, self._stages(), timer)
+        if self.partial is not None:
+            batch, truths, metrics = self.ctl.generate_partial(
+                self.partial, self.train, self.spec.data.train_batch_size)
+        else:
+            prompts = self.train.take(next(self.ctl.loader))
+            batch = self.ctl.generate(prompts.ids, self.sampling)
+            truths, metrics = prompts.truths, {}
+        columns, more = self.ctl.run_stages(batch, truths, self._stages(), timer)
+        metrics.update(more)
         scores, more = self.ctl.scores(batch, columns, self.sampling.max_new_tokens)
         metrics.update(more)
         metrics.update(batch_metrics(batch, scores))
@@ -216,8 +244,10 @@ class RLTrainer:
 
     def _corrects_rollout(self) -> bool:
         """Whether the update needs the training engine's old log-probs beside the rollout's:
-        another engine generated (its kernels round differently), or IS correction is on."""
-        return self.spec.rollout.engine != "native" or self.spec.actor.rollout_is != "off"
+        another engine generated (its kernels round differently), IS correction is on, or
+        partial rollout made parts of a response under older policies."""
+        return (self.spec.rollout.engine != "native" or self.spec.actor.rollout_is != "off"
+                or self.partial is not None)
 
     def _mini_rows(self) -> int:
         return self.spec.actor.ppo_mini_batch_size * self.sampling.n

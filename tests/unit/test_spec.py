@@ -277,7 +277,17 @@ RULE_CASES = [
     (
         ["rollout.partial_rollout_max_split=3"],
         "rollout.partial_rollout_max_split",
-        "3 is not implemented yet (only 0 or 1)",
+        "must be divisible by partial_rollout_max_split (3)",
+    ),
+    (
+        ["rollout.partial_rollout_max_age=2"],
+        "rollout.partial_rollout_max_age",
+        "set rollout.partial_rollout_max_split > 1 or remove it",
+    ),
+    (
+        ["algorithm=dapo", "rollout.max_new_tokens=128", "rollout.partial_rollout_max_split=4"],
+        "rollout.partial_rollout_max_split",
+        "set advantage.dynamic_sampling.enable=false or rollout.partial_rollout_max_split=0",
     ),
     (
         ["rollout.partial_rollout_max_split=-1"],
