@@ -392,10 +392,8 @@ class Controller:
             pending.append((stage, group.submit("drain", channel, stage, needs, chunk,
                                                 STAGE_TIMEOUT_S)))
         # each rank as many rows and about as many tokens (the stage's rows come back in order)
-        sequences = batch.with_sequences()
-        parts = balanced_shares(sequences["attention_mask"].sum(1).tolist(), self.dp)
-        shares = [(sequences.take(rows).to_dict(),) for rows in parts] if direct else []
-        order = torch.tensor([i for rows in parts for i in rows])
+        parts, order = token_balanced(batch.with_sequences(), self.dp) if direct else ([], None)
+        shares = [(part.to_dict(),) for part in parts]
         mapped = []
         for stage in direct:
             stage_started = time.perf_counter()
@@ -444,6 +442,14 @@ class Controller:
         return evaluate_prompts(self.rollout, self.tokenizer, self.rewards, prompts, self.sampling,
                                 batch_size=self.spec.data.val_batch_size, seed=self.spec.seed,
                                 prefix=prefix)
+
+
+def token_balanced(batch: Batch, parts: int) -> tuple[list[Batch], torch.Tensor]:
+    """The rows of `batch` (with an attention_mask) for each of `parts` data-parallel ranks:
+    as many rows each, their tokens balanced by Karmarkar–Karp, so no rank waits for one
+    holding the long responses; and the row order of the parts one after another."""
+    rows = balanced_shares(batch["attention_mask"].sum(1).tolist(), parts)
+    return [batch.take(r) for r in rows], torch.tensor([i for r in rows for i in r])
 
 
 def batch_metrics(batch: Batch, scores: torch.Tensor) -> dict[str, float]:

@@ -31,10 +31,9 @@ from typing import Any
 import torch
 
 from rl_core import algos
-from rl_core.controller import Controller, batch_metrics
+from rl_core.controller import Controller, batch_metrics, token_balanced
 from rl_core.data.batch import Batch
 from rl_core.data.partial import PartialRollouts
-from rl_core.engines.balance import balanced_shares
 from rl_core.errors import InputError, TrainingStopped
 from rl_core.roles.group import collect
 from rl_core.spec import RunSpec
@@ -54,15 +53,6 @@ def token_level_rewards(scores: torch.Tensor, response_mask: torch.Tensor) -> to
     last = (response_mask.sum(1) - 1).clamp(min=0).long()
     rewards[torch.arange(len(scores)), last] = scores.float()
     return rewards * response_mask
-
-
-def rank_shares(mini: Batch, dp: int) -> list[Batch]:
-    """A mini-batch's rows for each data-parallel rank: as many rows each, their tokens
-    balanced by Karmarkar–Karp, so no rank waits for one holding the long responses."""
-    if dp == 1:
-        return [mini]
-    lengths = mini["attention_mask"].sum(1).tolist()
-    return [mini.take(rows) for rows in balanced_shares(lengths, dp)]
 
 
 def advantage_options(spec: RunSpec) -> dict[str, Any]:
@@ -290,7 +280,7 @@ class RLTrainer:
 
     def update(self, data: Batch) -> dict[str, float]:
         """`ppo_epochs` passes of mini-batches; each mini-batch split over the ranks by
-        tokens (`rank_shares`). The
+        tokens (`token_balanced`). The
         critic (PPO) updates at the same time as the actor, on the same mini-batches."""
         dp = self.ctl.dp
         per_rank: list[list[Batch]] = [[] for _ in range(dp)]
@@ -298,7 +288,7 @@ class RLTrainer:
             order = torch.randperm(len(data), generator=self.ctl.generator)
             for start in range(0, len(data), self._mini_rows()):
                 mini = data.take(order[start:start + self._mini_rows()])
-                for rank, shard in enumerate(rank_shares(mini, dp)):
+                for rank, shard in enumerate(token_balanced(mini, dp)[0]):
                     per_rank[rank].append(shard)
         step = self.step + 1
         calls = [self.roles.actor.submit_map("update", [
