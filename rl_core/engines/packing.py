@@ -65,8 +65,10 @@ def varlen_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
     """transformers' sdpa, row by row over a packed sequence when `cu_seq_lens_q` is given.
 
     query (1, H, N, D), key and value (1, Hkv, N, D) -> (1, N, H, D), as sdpa returns. Rows of
-    one length go through one causal sdpa call as a batch (gathered, then scattered back), so a
-    micro-batch of many short rows costs one call per distinct length, not one per row.
+    one length go through one causal sdpa call as a batch, so a micro-batch of many short rows
+    costs one call per distinct length, not one per row. The tokens are put in that grouped
+    order by one gather per input and back by one gather of the output, whatever the number
+    of lengths (a scatter per length would copy the whole output each time).
     """
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -75,23 +77,35 @@ def varlen_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
     if cu_seq_lens_q is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     kwargs["is_causal"] = True
-    bounds = cu_seq_lens_q.tolist()
+    groups, order = _length_groups(cu_seq_lens_q)
+    order = order.to(query.device)
+    query, key, value = (x[0].index_select(1, order) for x in (query, key, value))  # (h, N, D)
+    pieces, offset = [], 0
+    for length, rows in groups:
+        span = slice(offset, offset + rows * length)
+        offset = span.stop
+
+        def batch(x: torch.Tensor) -> torch.Tensor:  # (h, N, D) -> (rows, h, length, D)
+            return x[:, span].unflatten(1, (rows, length)).transpose(0, 1)
+
+        attended, _ = sdpa_attention_forward(module, batch(query), batch(key), batch(value),
+                                             None, **kwargs)  # (rows, length, H, D)
+        pieces.append(attended.flatten(0, 1))
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.arange(len(order), device=order.device)
+    return torch.cat(pieces).index_select(0, inverse)[None], None  # (1, N, H, D)
+
+
+def _length_groups(cu_seq_lens: torch.Tensor) -> tuple[list[tuple[int, int]], torch.Tensor]:
+    """(length, rows) of each group of equal-length rows of a packed sequence, and the token
+    positions (N,) in that grouped order (each group's rows in sequence order)."""
+    bounds = cu_seq_lens.tolist()
     starts: dict[int, list[int]] = {}
     for a, b in zip(bounds, bounds[1:]):
         starts.setdefault(b - a, []).append(a)
-    out = query.new_empty(1, query.shape[2], query.shape[1], query.shape[3])  # (1, N, H, D)
-    for length, firsts in starts.items():
-        positions = (torch.tensor(firsts)[:, None] + torch.arange(length)).flatten()
-        positions = positions.to(query.device)  # (rows * length,)
-
-        def rows(x: torch.Tensor) -> torch.Tensor:  # (1, h, N, D) -> (rows, h, length, D)
-            picked = x[0].index_select(1, positions)
-            return picked.unflatten(1, (len(firsts), length)).transpose(0, 1)
-
-        attended, _ = sdpa_attention_forward(module, rows(query), rows(key), rows(value), None,
-                                             **kwargs)  # (rows, length, H, D)
-        out = out.index_copy(1, positions, attended.flatten(0, 1)[None])
-    return out, None
+    order = torch.cat([(torch.tensor(firsts)[:, None] + torch.arange(length)).flatten()
+                       for length, firsts in starts.items()])
+    return [(length, len(firsts)) for length, firsts in starts.items()], order
 
 
 def _register_varlen_sdpa() -> None:
