@@ -18,6 +18,7 @@ urlpatterns = [
     path("runs/<int:pk>/", runs.run_detail, name="run"),
     path("runs/<int:pk>/status/", runs.run_status, name="run-status"),
     path("runs/<int:pk>/checkpoints/", runs.run_checkpoints, name="run-checkpoints"),
+    path("runs/<int:pk>/tools/", runs.run_tools, name="run-tools"),
     path("runs/<int:pk>/cancel/", runs.run_cancel, name="run-cancel"),
     path("runs/<int:pk>/restart/", runs.run_restart, name="run-restart"),
     path("compare/", compare.compare, name="compare"),

@@ -40,6 +40,7 @@ from rl_core.data.loader import ResumableLoader
 from rl_core.data.partial import PartialRollouts, StepCounts, contexts, rollout_batch
 from rl_core.data.prompts import Prompts, tokenize_prompts
 from rl_core.data.run_data import load_prompt_data
+from rl_core.determinism import process_report, record_determinism, seed_everything
 from rl_core.engines.balance import balanced_shares
 from rl_core.engines.rollout import SamplingParams
 from rl_core.errors import InputError, StaleWeightsError, TrainingStopped
@@ -48,8 +49,8 @@ from rl_core.models.loading import (
     load_tokenizer,
     resolve_model_path,
 )
+from rl_core.profiling import ProfilePlan
 from rl_core.roles.group import collect
-from rl_core.roles.workers import seed_everything
 from rl_core.spec import RunSpec
 from rl_core.tracking import Timer, Tracker, make_tracker, memory_metrics
 
@@ -259,11 +260,17 @@ class Controller:
                         unit="step", disable=not sys.stderr.isatty(), leave=True)
         try:
             self.tracker.log_params(spec.flat_params())
+            self.record_determinism()
             if self.step == 0 and validate is not None and spec.trainer.eval_every:
                 last = validate()
                 self.tracker.log_metrics(last, step=0)
             while self.step < self.total_steps:
+                plan = ProfilePlan.for_step(spec, self.step + 1)
+                if plan is not None:
+                    self._each_rank("begin_profile", plan)
                 metrics = train_step()
+                if plan is not None:
+                    metrics["profile/traces"] = float(self._profiled(plan))
                 if spec.tools.monitor.log_memory:
                     metrics.update(self.memory_metrics())
                 self.step += 1
@@ -284,6 +291,25 @@ class Controller:
             progress.close()
             self.close()
             self.tracker.finish(status)
+
+    def record_determinism(self) -> dict[str, Any]:
+        """The run's determinism report: the controller's and every rank's seeds, kernel modes
+        and variables (`rl_core.determinism.record`)."""
+        processes = [process_report("controller", 0), *self._each_rank("determinism")]
+        return record_determinism(self.spec, processes, self.output_dir, self.tracker)
+
+    def _each_rank(self, method: str, *args: Any) -> list[Any]:
+        """`method` on every rank of every role; the results rank after rank, role after role."""
+        return [out for group in self.roles.groups for out in group.call(method, *args)]
+
+    def _profiled(self, plan: ProfilePlan) -> int:
+        """End a profiled step: every rank stops tracing, the step's traces go to the tracker
+        (MLflow: `profiles/step_<N>/`); returns how many were written."""
+        traces = [path for paths in self._each_rank("begin_profile", None) for path in paths]
+        log.info("profiled step %d: %d traces in %s", plan.step, len(traces), plan.folder)
+        if traces:
+            self.tracker.log_artifacts(plan.folder, f"profiles/step_{plan.step}")
+        return len(traces)
 
     def memory_metrics(self) -> dict[str, float]:
         """`memory/<role>/allocated_gb`, `.../peak_gb` and `.../<stage>/peak_gb` of the actor,

@@ -216,6 +216,19 @@ def reset_peak(device: torch.device | str) -> None:
         pass  # no /proc (macOS): the peak is the process's since start
 
 
+def profiler_for(device: torch.device | str) -> tuple[ModuleType, str]:
+    """(the profiler module, the device's torch type) for tracing work on `device`:
+    `torch_npu.profiler` on npu (its traces hold the NPU's operators), else `torch.profiler`
+    (CPU operators, and CUDA kernels on cuda)."""
+    torch_type = _device_type(device)
+    if torch_type == "npu":
+        torch_npu, why = _torch_npu()
+        if torch_npu is None:
+            raise DeviceUnavailable(f"tools.profiling on npu needs torch_npu: {why}")
+        return importlib.import_module("torch_npu.profiler"), torch_type
+    return importlib.import_module("torch.profiler"), torch_type
+
+
 def _peak_rss() -> float:
     try:
         with open("/proc/self/status") as f:

@@ -660,7 +660,9 @@ class TrainerConfig(_Strict):
     )
     deterministic: bool = Field(
         False,
-        description="Deterministic algorithms and fixed seeds for bitwise-reproducible steps.",
+        description="Bitwise-reproducible steps: deterministic kernels, the run's seed in every "
+        "process, and the determinism variables of cuBLAS, HCCL, LCCL and NCCL; what every "
+        "process set is stored with the run (`determinism/report.json`, shown on its page).",
     )
     output_dir: str = Field(
         "outputs", min_length=1, description="Where checkpoints, profiles and precision dumps go."
@@ -672,21 +674,40 @@ class TrainerConfig(_Strict):
     )
 
 
+PROFILED_STAGES = ("rollout", "reward", "ref_logprob", "old_logprob", "values", "update",
+                   "weight_sync")  # the stages a role times (`tools.profiling.stages`)
+
+
 class ProfilingConfig(_Strict):
-    """Profiler traces of chosen steps and ranks."""
+    """Profiler traces of chosen steps, stages and ranks (torch.profiler on cpu and cuda,
+    torch_npu's profiler on npu): one trace per stage call, under the run's output and in
+    MLflow."""
 
     enable: bool = Field(False, description="Record profiler traces.")
     steps: list[Annotated[int, Field(gt=0, le=MAX_STEPS)]] = Field(
-        default_factory=lambda: [2], max_length=MAX_LIST, description="Steps to profile (1-based)."
+        default_factory=lambda: [2], min_length=1, max_length=MAX_LIST,
+        description="Steps to profile (1-based; the first step includes one-off warm-up).",
     )
     ranks: list[Annotated[int, Field(ge=0, lt=MAX_DEVICES)]] = Field(
-        default_factory=lambda: [0], max_length=MAX_LIST, description="Ranks to profile."
+        default_factory=lambda: [0], min_length=1, max_length=MAX_LIST,
+        description="Ranks to profile, within each role (the actor's, reference's, critic's "
+        "and reward workers' ranks).",
+    )
+    stages: list[Literal[PROFILED_STAGES]] = Field(  # type: ignore[valid-type]
+        default_factory=lambda: list(PROFILED_STAGES), min_length=1, max_length=MAX_LIST,
+        description="Stages to trace: " + ", ".join(f"`{s}`" for s in PROFILED_STAGES) + ".",
     )
     level: Literal["level0", "level1", "level2"] = Field(
-        "level0", description="Detail level (Ascend profiler levels; higher records more)."
+        "level0",
+        description="Detail: `level0` the operator timeline; `level1` adds operator shapes and "
+        "FLOPs (on npu torch_npu's Level1: AscendCL, AI Core metrics, communication); `level2` "
+        "adds Python call stacks and memory (npu: Level2, runtime and AI CPU data).",
     )
-    with_stack: bool = Field(False, description="Record Python call stacks.")
-    record_shapes: bool = Field(False, description="Record operator input shapes.")
+    with_stack: bool = Field(False, description="Record Python call stacks (any level).")
+    record_shapes: bool = Field(False, description="Record operator input shapes (any level).")
+    with_memory: bool = Field(
+        False, description="Record tensor allocations and frees (the profiler's memory view)."
+    )
     output: str = Field("profiles", min_length=1, description="Folder under `trainer.output_dir`.")
 
 
@@ -764,8 +785,7 @@ NOT_IMPLEMENTED: dict[str, tuple[Any, ...]] = {
     "parallel.context_parallel_algo": ("ulysses",),  # moot while context_parallel_size is 1
     "parallel.colocate_actor_rollout": (True,),  # rollout generates in the training process
     "parallel.resharding": ("auto",),  # one layout for training and inference: nothing to reshard
-    **{k: v for k, v in _only_defaults(ToolsConfig, "tools.").items()
-       if k != "tools.monitor.log_memory"},  # profiling, precision dumps, memory logging
+    **{k: v for k, v in _only_defaults(PrecisionConfig, "tools.precision.").items()},
 }
 
 
@@ -1209,6 +1229,22 @@ def _rule_rollout_engine(s: RunSpec) -> Iterator[Violation]:
         yield ("actor.rollout_is_cap", "applies only with actor.rollout_is=token or sequence")
 
 
+def _rule_profiling(s: RunSpec) -> Iterator[Violation]:
+    """Profiled steps within the run and ranks within its devices."""
+    p = s.tools.profiling
+    if not p.enable:
+        return
+    total = s.trainer.total_steps
+    late = sorted(step for step in p.steps if total and step > total)
+    if late:
+        yield ("tools.profiling.steps", f"steps {late} come after the last step "
+               f"(trainer.total_steps={total}): choose steps in 1..{total}")
+    beyond = sorted(rank for rank in p.ranks if rank >= s.world_size)
+    if beyond:
+        yield ("tools.profiling.ranks", f"ranks {beyond} do not exist: the run has "
+               f"{s.world_size} device(s), ranks 0..{s.world_size - 1}")
+
+
 _RULES: tuple[Callable[[RunSpec], Iterator[Violation]], ...] = (
     _rule_clip_ratios,
     _rule_data_source,
@@ -1223,6 +1259,7 @@ _RULES: tuple[Callable[[RunSpec], Iterator[Violation]], ...] = (
     _rule_trainer,
     _rule_offload,
     _rule_rollout_engine,
+    _rule_profiling,
 )
 
 

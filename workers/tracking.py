@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import tempfile
 import threading
 from collections.abc import Mapping, Sequence
 from contextlib import contextmanager
@@ -103,6 +104,22 @@ class Tracking:
         with self._errors(f"list the artifacts of run {run_id}"):
             files = self._client.list_artifacts(run_id, path or None)
         return [{"path": f.path, "is_dir": f.is_dir, "size": f.file_size} for f in files]
+
+    def download(self, run_id: str, path: str, folder: str | os.PathLike) -> str:
+        """The run's artifact `path` (a file or a folder) copied into `folder`; returns the local
+        path of the copy."""
+        with self._errors(f"return artifact {path!r} of run {run_id}"):
+            return self._client.download_artifacts(run_id, path, str(folder))
+
+    def read_json(self, run_id: str, path: str):
+        """The JSON artifact `path` of the run, parsed; None when the run has no such file."""
+        parent = path.rsplit("/", 1)[0] if "/" in path else ""
+        if not any(f["path"] == path for f in self.list_artifacts(run_id, parent)):
+            return None
+        with tempfile.TemporaryDirectory() as folder:
+            local = self.download(run_id, path, folder)
+            with open(local) as f:
+                return json.load(f)
 
     def run_url(self, run_id: str) -> str:
         """The run's page in the MLflow UI."""

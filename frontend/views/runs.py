@@ -16,7 +16,13 @@ from experiments.choices import ACTIVE_STATES, TERMINAL_STATES, RunState
 from experiments.filters import RunFilter
 from experiments.models import Experiment
 from experiments.queries import DEFAULT_ORDER, RUN_ORDERS, order_runs
-from experiments.tracking import TrackingUnavailable, artifacts
+from experiments.tracking import (
+    TrackingUnavailable,
+    artifact_tree,
+    artifacts,
+    read_json,
+    run_metrics,
+)
 from frontend.views.common import can_write_run, is_htmx, ordered_spec, run_or_404, visible_runs
 from rl_core.spec import PRESETS, SpecError
 
@@ -141,6 +147,46 @@ def run_checkpoints(request, pk: int):
                                     key=lambda r: r["step"], reverse=True)
     context["mlflow_url"] = rows[0]["url"] if rows else ""
     return render(request, "frontend/_run_checkpoints.html", context)
+
+
+# `timing/<name>` metrics that are not one stage: the whole step, and the stages' span together.
+_TIMING_TOTALS = ("timing/step", "timing/stages")
+
+
+def stage_breakdown(metrics: dict) -> list[dict]:
+    """Each stage's mean seconds per step over the logged history (`timing/<stage>`), its share
+    of the mean step time and its last value, largest first."""
+    history = metrics["history"]
+    mean = {key: sum(p[1] for p in points) / len(points)  # points: [step, value, time]
+            for key, points in history.items() if points}
+    step = mean.get("timing/step") or sum(v for k, v in mean.items() if k not in _TIMING_TOTALS)
+    rows = [{"stage": key.removeprefix("timing/"), "mean": value, "steps": len(history[key]),
+             "last": history[key][-1][1], "share": value / step if step else 0.0}
+            for key, value in mean.items() if key not in _TIMING_TOTALS]
+    return sorted(rows, key=lambda r: r["mean"], reverse=True)
+
+
+@login_required
+def run_tools(request, pk: int):
+    """Where a run's time went and what its tools recorded: the per-stage time breakdown, the
+    profiler traces in MLflow and the determinism report (a partial, polled while the run is
+    active)."""
+    run = run_or_404(request.user, pk)
+    context = {"run": run, "active": run.state not in TERMINAL_STATES, "error": "",
+               "stages": [], "step_seconds": None, "traces": [], "determinism": None}
+    try:
+        keys = [k for k in run_metrics(run, [])["keys"] if k.startswith("timing/")]
+        metrics = run_metrics(run, keys, max_points=1000)
+        context["stages"] = stage_breakdown(metrics)
+        steps = metrics["history"].get("timing/step") or []
+        context["step_seconds"] = sum(p[1] for p in steps) / len(steps) if steps else None
+        context["traces"] = [{**t, "step": t["path"].split("/")[1].removeprefix("step_"),
+                              "name": t["path"].rsplit("/", 1)[-1]}
+                             for t in artifact_tree(run, "profiles")]
+        context["determinism"] = read_json(run, "determinism/report.json")
+    except TrackingUnavailable as exc:
+        context["error"] = str(exc)
+    return render(request, "frontend/_run_tools.html", context)
 
 
 def _act(request, pk: int, act, done: str):

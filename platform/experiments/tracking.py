@@ -60,6 +60,40 @@ def artifacts(run: Run) -> list[dict]:
     return out
 
 
+def artifact_tree(run: Run, top: str, depth: int = 2) -> list[dict]:
+    """The files under the run's artifact folder `top` (e.g. `profiles`), `depth` folders deep:
+    `[{"path", "size", "url"}]` sorted by path, `url` the file in the MLflow UI; [] when the run
+    logged nothing there."""
+    if not run.mlflow_run_id:
+        return []
+    client, error = _tracking()
+    files, folders = [], [(top, 0)]
+    try:
+        url = client.run_url(run.mlflow_run_id)
+        while folders:
+            folder, level = folders.pop()
+            for row in client.list_artifacts(run.mlflow_run_id, folder):
+                if not row["is_dir"]:
+                    files.append(row)
+                elif level < depth:
+                    folders.append((row["path"], level + 1))
+    except error as exc:
+        raise TrackingUnavailable(str(exc)) from exc
+    return [{"path": f["path"], "size": f["size"], "url": f"{url}/artifacts/{f['path']}"}
+            for f in sorted(files, key=lambda f: f["path"])]
+
+
+def read_json(run: Run, path: str):
+    """The run's JSON artifact `path` (e.g. `determinism/report.json`), None when absent."""
+    if not run.mlflow_run_id:
+        return None
+    client, error = _tracking()
+    try:
+        return client.read_json(run.mlflow_run_id, path)
+    except error as exc:
+        raise TrackingUnavailable(str(exc)) from exc
+
+
 def compare(runs: list[Run], keys: list[str], max_points: int = 500) -> dict:
     """What a comparison of runs needs from MLflow: every metric name the runs logged, the
     histories of `keys` per run id, and the link to the same comparison in MLflow."""

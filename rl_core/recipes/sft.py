@@ -24,11 +24,12 @@ from rl_core.data.run_data import load_prompt_data
 from rl_core.engines import rollout_engine, training_engine
 from rl_core.engines.rollout import SamplingParams
 from rl_core.engines.train import sft_loss_fn
+from rl_core.determinism import process_report, record_determinism, seed_everything
 from rl_core.errors import InputError, NonFiniteError, TrainingStopped
 from rl_core.evaluation import evaluate_prompts
 from rl_core.models.loading import load_from_spec
+from rl_core.profiling import ProfilePlan, StageProfiler
 from rl_core.rewards import RewardComposer
-from rl_core.roles.workers import seed_everything
 from rl_core.spec import RunSpec
 from rl_core.tracking import make_tracker, memory_metrics
 
@@ -64,6 +65,7 @@ class SFTTrainer:
         self.sampling = SamplingParams.from_config(spec.rollout)
         self.rewards = RewardComposer.from_config(spec.reward)
         self.tracker = make_tracker(spec, self.output_dir)
+        self.profiler = StageProfiler("sft", 0)  # tools.profiling: the update of chosen steps
         self.step = 0
 
     def batch(self, rows: list[int]) -> dict[str, torch.Tensor]:
@@ -83,16 +85,27 @@ class SFTTrainer:
 
     def fit(self) -> dict[str, float]:
         self.tracker.log_params(self.spec.flat_params())
+        record_determinism(self.spec, [process_report("sft", 0, self.device)], self.output_dir,
+                           self.tracker)
         metrics: dict[str, float] = {}
         status = "FAILED"
         try:
             while self.step < self.total_steps:
                 self.model.train()
+                plan = ProfilePlan.for_step(self.spec, self.step + 1)
+                self.profiler.begin(plan)
                 try:
-                    metrics = self.engine.train_step(self.batch(next(self.loader)), sft_loss_fn,
-                                                     micro_batch_size=self.spec.actor.ppo_micro_batch_size)
+                    with self.profiler.stage("update", self.device):
+                        metrics = self.engine.train_step(
+                            self.batch(next(self.loader)), sft_loss_fn,
+                            micro_batch_size=self.spec.actor.ppo_micro_batch_size)
                 except NonFiniteError as exc:
                     raise TrainingStopped(self.step + 1, str(exc), exc.metrics) from exc
+                if plan is not None:  # the update is SFT's one profiled stage
+                    traces = self.profiler.begin(None)
+                    metrics["profile/traces"] = float(len(traces))
+                    if traces:
+                        self.tracker.log_artifacts(plan.folder, f"profiles/step_{plan.step}")
                 if self.spec.tools.monitor.log_memory:
                     metrics.update(memory_metrics([devices.memory_stats(self.device)]))
                 self.step += 1

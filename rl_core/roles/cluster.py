@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rl_core import device as devices
+from rl_core.determinism import process_env
 from rl_core.errors import InputError
 from rl_core.roles.group import LocalGroup, RayGroup
 from rl_core.roles.workers import (
@@ -203,7 +204,7 @@ def ray_roles(spec: RunSpec, *, model_path: str, total_steps: int, reference: bo
         def options() -> list[dict[str, Any]]:
             return [{**share, "scheduling_strategy": PlacementGroupSchedulingStrategy(
                         placement_group=group, placement_group_bundle_index=rank),
-                     "runtime_env": {"env_vars": _rank_env(threads)}, "name": None}
+                     "runtime_env": {"env_vars": _rank_env(threads, spec)}, "name": None}
                     for rank in range(spec.world_size)]
 
         backend = kind.backend
@@ -225,7 +226,7 @@ def ray_roles(spec: RunSpec, *, model_path: str, total_steps: int, reference: bo
         pool = max(1, (os.cpu_count() or 1) // reward_ranks)
         reward = RayGroup.start(
             "reward", RewardWorker, spec, num_workers=pool, size=reward_ranks, backend=backend,
-            options=[{"num_cpus": 0, "runtime_env": {"env_vars": _rank_env(1)}}] * reward_ranks,
+            options=[{"num_cpus": 0, "runtime_env": {"env_vars": _rank_env(1, spec)}}] * reward_ranks,
             timeout_s=ROLE_START_TIMEOUT_S)
         cleanup.insert(0, reward.shutdown)
         channel = remote_channel(ordered=True)
@@ -243,10 +244,11 @@ def ray_roles(spec: RunSpec, *, model_path: str, total_steps: int, reference: bo
     return roles
 
 
-def _rank_env(threads: int) -> dict[str, str]:
-    """Threads per rank: the CPUs of its share, so colocated ranks do not oversubscribe."""
+def _rank_env(threads: int, spec: RunSpec) -> dict[str, str]:
+    """Threads per rank: the CPUs of its share, so colocated ranks do not oversubscribe; with
+    `trainer.deterministic` the determinism variables, read by the libraries at start."""
     return {"OMP_NUM_THREADS": str(threads), "RL_CORE_THREADS": str(threads),
-            "TOKENIZERS_PARALLELISM": "false"}
+            "TOKENIZERS_PARALLELISM": "false", **process_env(spec.trainer.deterministic)}
 
 
 def _quietly(action) -> None:

@@ -25,6 +25,7 @@ from datetime import timedelta
 from typing import Any
 
 from rl_core.errors import InputError, RoleFailed, TrainingStopped
+from rl_core.profiling import ProfilePlan, StageProfiler
 
 # How long a rank waits in a collective before giving up; a dead peer is normally noticed by
 # the controller long before (Ray reports a lost actor within seconds).
@@ -40,6 +41,7 @@ class Worker:
         self.rank, self.world_size = rank, world_size
         self.dp_group = None
         self.stage_peaks: dict[str, float] = {}  # stage -> peak bytes (see `measured`)
+        self.profiler = StageProfiler(self.role, rank)  # traces of chosen stages
         threads = os.environ.get("RL_CORE_THREADS")  # set per rank by the Ray placement
         if threads:
             import torch
@@ -49,16 +51,29 @@ class Worker:
     @contextlib.contextmanager
     def measured(self, stage: str) -> Iterator[None]:
         """Record the device's peak memory during `stage` (on cpu the process's peak resident
-        set); `memory()` reports it."""
+        set); `memory()` reports it. A profiled step's chosen stages are also traced
+        (`begin_profile`)."""
         from rl_core import device as devices
 
         device = getattr(self, "device", "cpu")
         devices.reset_peak(device)
         try:
-            yield
+            with self.profiler.stage(stage, device):
+                yield
         finally:
             peak = devices.memory_stats(device)["peak_bytes"]
             self.stage_peaks[stage] = max(self.stage_peaks.get(stage, 0.0), peak)
+
+    def begin_profile(self, plan: ProfilePlan | None) -> list[str]:
+        """Trace the next step's chosen stages under `plan` (None: trace nothing); returns the
+        trace files written in the step before (see `rl_core.profiling`)."""
+        return self.profiler.begin(plan)
+
+    def determinism(self) -> dict[str, Any]:
+        """What this rank's process has set for reproducible steps (`rl_core.determinism`)."""
+        from rl_core.determinism import process_report
+
+        return process_report(self.role, self.rank, getattr(self, "device", "cpu"))
 
     def memory(self) -> dict[str, float]:
         """Memory now (`allocated_bytes`), the peak since the last call (`peak_bytes`) and the

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import random
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -33,17 +32,11 @@ from rl_core.data.prompts import decode_rows
 from rl_core.engines import rollout_engine, training_engine
 from rl_core.engines.rollout import SamplingParams, draw_uniforms
 from rl_core.engines.train import PARAM_DTYPES, TrainEngine, ValueHead, batch_options
+from rl_core.determinism import seed_everything
 from rl_core.errors import NonFiniteError, TrainingStopped
 from rl_core.models.loading import load_model_and_tokenizer
 from rl_core.roles.group import Worker
 from rl_core.spec import RunSpec
-
-
-def seed_everything(seed: int, deterministic: bool) -> None:
-    random.seed(seed)
-    torch.manual_seed(seed)
-    if deterministic:
-        torch.use_deterministic_algorithms(True, warn_only=True)
 
 
 def role_device(spec: RunSpec, device: str | None) -> torch.device:
@@ -385,6 +378,7 @@ class ReferenceWorker(Worker):
         super().__init__(rank, world_size)
         self.spec = spec
         self.device = role_device(spec, device)
+        seed_everything(spec.seed, spec.trainer.deterministic)  # its own process on Ray
         self.sharded = spec.actor.strategy == "fsdp2"
         self.offload = spec.reference.offload and self.device.type != "cpu"
         home = torch.device("cpu") if self.offload or self.sharded else self.device
@@ -453,6 +447,8 @@ class RewardWorker(Worker):
         super().__init__(rank, world_size)
         from rl_core.rewards import RewardComposer
 
+        seed_everything(spec.seed, spec.trainer.deterministic)  # its own process on Ray
+
         if tokenizer is None:
             from rl_core.models.loading import load_tokenizer
 
@@ -468,8 +464,9 @@ class RewardWorker(Worker):
         if stage != "reward":
             return super().compute(stage, chunk)
         cols = chunk.columns
-        texts = decode_rows(self.tokenizer, cols["response_ids"], cols["response_lengths"])
-        scored = self.composer.score_batch(texts, cols["truth"])
+        with self.measured("reward"):
+            texts = decode_rows(self.tokenizer, cols["response_ids"], cols["response_lengths"])
+            scored = self.composer.score_batch(texts, cols["truth"])
         out = {"score": torch.tensor(scored.total, dtype=torch.float32)}
         for name, values in scored.per_function.items():
             out[f"reward_fn/{name}"] = torch.tensor(values, dtype=torch.float32)

@@ -98,11 +98,15 @@ def sign_in(page, live_server):
     return sign_in
 
 
-def screenshot(page, name: str) -> Path:
-    """A full-page PNG of what the page shows now, as SCREENSHOTS/<name>.png."""
+def screenshot(page, name: str, locator=None) -> Path:
+    """A full-page PNG of what the page shows now (or of `locator` only), as
+    SCREENSHOTS/<name>.png."""
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     path = SCREENSHOTS / f"{name}.png"
-    page.screenshot(path=str(path), full_page=True)
+    if locator is not None:
+        locator.screenshot(path=str(path))
+    else:
+        page.screenshot(path=str(path), full_page=True)
     return path
 
 
@@ -120,3 +124,14 @@ def team(django_user_model):
     experiment = Experiment.objects.create(project=project, name="baseline",
                                            created_by=users["owner"])
     return {"users": users, "project": project, "experiment": experiment}
+
+
+@pytest.fixture
+def local_cluster(ray_head, dispatch_env):
+    """The test Ray head as cluster `local`, its nodes already read (as the worker's probe does)."""
+    from clusters.models import Cluster
+    from workers.dispatch import probe
+
+    cluster = Cluster.objects.create(name="local", device_type="cpu", ray_address=ray_head)
+    probe(cluster.pk)
+    return cluster

@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import re
 
-import pytest
 from playwright.sync_api import expect
 
-from clusters.models import Cluster
 from experiments import services
 from experiments.models import Run
 from tests.browser.conftest import screenshot
@@ -48,16 +46,6 @@ def open_section(page, name: str) -> None:
 
 def wait_for_state(page, state: str, timeout: int = RUN_TIMEOUT_MS) -> None:
     expect(page.locator("#run-status")).to_have_attribute("data-state", state, timeout=timeout)
-
-
-@pytest.fixture
-def local_cluster(ray_head, dispatch_env):
-    """The test Ray head as cluster `local`, its nodes already read (as the worker's probe does)."""
-    from workers.dispatch import probe
-
-    cluster = Cluster.objects.create(name="local", device_type="cpu", ray_address=ray_head)
-    probe(cluster.pk)
-    return cluster
 
 
 def test_submit_watch_clone_and_compare(page, team, sign_in, worker, local_cluster):

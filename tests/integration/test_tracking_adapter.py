@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 from mlflow.entities import Metric
@@ -115,6 +116,18 @@ def test_artifacts_are_listed_by_folder(tracking, run):
     assert tracking.list_artifacts(run_id, "checkpoints/step_3") == [
         {"path": "checkpoints/step_3/config.json", "is_dir": False, "size": 2}
     ]
+
+
+def test_a_json_artifact_is_read_back_and_a_missing_one_is_none(tracking, run, tmp_path):
+    _, run_id = run
+    MlflowClient(tracking.uri).log_dict(run_id, {"seed": 7, "processes": [1, 2]},
+                                        "determinism/report.json")
+
+    assert tracking.read_json(run_id, "determinism/report.json") == {"seed": 7, "processes": [1, 2]}
+    assert tracking.read_json(run_id, "determinism/other.json") is None
+    assert tracking.read_json(run_id, "nowhere/report.json") is None
+    copied = tracking.download(run_id, "checkpoints", tmp_path)
+    assert (Path(copied) / "step_3" / "config.json").read_text() == "{}"
 
 
 def test_run_url_links_the_mlflow_ui(tracking, run, mlflow_server):

@@ -1,5 +1,6 @@
 """When MLflow cannot be reached: the API answers 503 with the reason, and the web UI shows the
-same reason in place of a run's checkpoints and of the comparison charts."""
+same reason in place of a run's checkpoints, its stage times and profiles, and of the comparison
+charts."""
 
 from __future__ import annotations
 
@@ -43,6 +44,15 @@ def test_it_shows_the_reason_in_place_of_the_checkpoints(login, tracked_runs, ml
     run = tracked_runs[0]
 
     response = login("viewer").get(f"/runs/{run.pk}/checkpoints/")
+
+    assert response.status_code == 200
+    assert (f"MLflow did not answer: cannot reach the MLflow server at {mlflow_address}"
+            in response.content.decode())
+
+
+def test_it_shows_the_reason_in_place_of_the_stage_times_and_profiles(login, tracked_runs,
+                                                                      mlflow_address):
+    response = login("viewer").get(f"/runs/{tracked_runs[0].pk}/tools/")
 
     assert response.status_code == 200
     assert (f"MLflow did not answer: cannot reach the MLflow server at {mlflow_address}"
