@@ -3,7 +3,16 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from frontend.views import audit, clusters, compare, dashboard, runs, settings, submit
+from frontend.views import (
+    audit,
+    clusters,
+    compare,
+    dashboard,
+    precision,
+    runs,
+    settings,
+    submit,
+)
 
 app_name = "frontend"
 
@@ -22,6 +31,7 @@ urlpatterns = [
     path("runs/<int:pk>/cancel/", runs.run_cancel, name="run-cancel"),
     path("runs/<int:pk>/restart/", runs.run_restart, name="run-restart"),
     path("compare/", compare.compare, name="compare"),
+    path("compare/precision/", precision.precision_compare, name="precision-compare"),
     path("clusters/", clusters.cluster_list, name="clusters"),
     path("audit/", audit.audit_log, name="audit"),
     path("clusters/nodes/<int:pk>/<str:action>/", clusters.node_action, name="node-action"),

@@ -10,6 +10,7 @@
     python -m rl_core sft SPEC.yaml [dotted.key=value ...]              # supervised warm start
     python -m rl_core eval CHECKPOINT DATA [--k 8]                      # accuracy and pass@k
     python -m rl_core export CHECKPOINT OUT [--dtype bfloat16]          # a Hugging Face folder
+    python -m rl_core precision compare A B [--out DIR]                 # where two dumps part
 
 Each command is a function from parsed arguments to an exit status; new command groups (train,
 sft, eval) add a `_add_<group>` function and a line in `build_parser`.
@@ -27,6 +28,7 @@ from rl_core.data.cli import add_parser as _add_make_data
 from rl_core.errors import EXIT_INPUT as EXIT_INVALID_SPEC
 from rl_core.memory_plan import add_parser as _add_plan
 from rl_core.models.cli import add_parser as _add_make_tiny
+from rl_core.precision import add_parser as _add_precision
 from rl_core.spec import SpecError, load_spec, spec_json_schema, spec_reference_markdown
 
 
@@ -84,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_make_tiny(commands)
     _add_make_data(commands)
     _add_run_commands(commands)
+    _add_precision(commands)
     return parser
 
 

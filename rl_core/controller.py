@@ -49,10 +49,11 @@ from rl_core.models.loading import (
     load_tokenizer,
     resolve_model_path,
 )
+from rl_core.precision import PrecisionPlan, StageDumper
 from rl_core.profiling import ProfilePlan
 from rl_core.roles.group import collect
 from rl_core.spec import RunSpec
-from rl_core.tracking import Timer, Tracker, make_tracker, memory_metrics
+from rl_core.tracking import Timer, Tracker, log_tool_files, make_tracker, memory_metrics
 
 log = logging.getLogger("rl_core")
 
@@ -162,6 +163,7 @@ class Controller:
         self.total_steps = spec.trainer.total_steps or self.loader.total_steps
         self.sampling = SamplingParams.from_config(spec.rollout)
         self.generator = torch.Generator().manual_seed(spec.seed)
+        self.dumper = StageDumper("controller", 0)  # each stage's data in dumped steps
         self.roles = self._start_roles(reference)
         try:
             state = self._restore(self.resume_from, self._resume_state) \
@@ -265,12 +267,10 @@ class Controller:
                 last = validate()
                 self.tracker.log_metrics(last, step=0)
             while self.step < self.total_steps:
-                plan = ProfilePlan.for_step(spec, self.step + 1)
-                if plan is not None:
-                    self._each_rank("begin_profile", plan)
+                plans = self._begin_tools(self.step + 1)
                 metrics = train_step()
-                if plan is not None:
-                    metrics["profile/traces"] = float(self._profiled(plan))
+                if plans is not None:
+                    metrics.update(self._end_tools(*plans))
                 if spec.tools.monitor.log_memory:
                     metrics.update(self.memory_metrics())
                 self.step += 1
@@ -302,14 +302,32 @@ class Controller:
         """`method` on every rank of every role; the results rank after rank, role after role."""
         return [out for group in self.roles.groups for out in group.call(method, *args)]
 
-    def _profiled(self, plan: ProfilePlan) -> int:
-        """End a profiled step: every rank stops tracing, the step's traces go to the tracker
-        (MLflow: `profiles/step_<N>/`); returns how many were written."""
-        traces = [path for paths in self._each_rank("begin_profile", None) for path in paths]
-        log.info("profiled step %d: %d traces in %s", plan.step, len(traces), plan.folder)
-        if traces:
-            self.tracker.log_artifacts(plan.folder, f"profiles/step_{plan.step}")
-        return len(traces)
+    def _begin_tools(self, step: int) -> tuple[ProfilePlan | None, PrecisionPlan | None] | None:
+        """Tell every rank whether `step` is profiled or dumped (`tools.*`); the plans, or None
+        when neither."""
+        profile = ProfilePlan.for_step(self.spec, step)
+        precision = PrecisionPlan.for_step(self.spec, step)
+        # the controller dumps each stage's data, the whole batch's, whatever the ranks chosen
+        self.dumper.begin(dataclasses.replace(precision, ranks=(0,)) if precision else None)
+        if profile is None and precision is None:
+            return None
+        self._each_rank("begin_tools", profile, precision)
+        return profile, precision
+
+    def _end_tools(self, profile: ProfilePlan | None,
+                   precision: PrecisionPlan | None) -> dict[str, float]:
+        """End a profiled or dumped step: every rank stops; the step's traces go to the tracker
+        as `profiles/step_<N>/`, its dumps as `precision/step_<N>/`; returns how many files
+        each wrote (`profile/traces`, `precision/files`)."""
+        written = self._each_rank("begin_tools", None, None)
+        traces = [path for rank in written for path in rank["traces"]]
+        dumps = [path for rank in written for path in rank["dumps"]] + self.dumper.begin(None)
+        return log_tool_files(self.tracker, profile, traces, precision, dumps)
+
+    def dump_data(self, stage: str, tensors: dict[str, Any]) -> None:
+        """Save a stage's data (the whole batch's) in a dumped step (`tools.precision`)."""
+        if self.dumper.chosen(stage):
+            self.dumper.data(stage, tensors)
 
     def memory_metrics(self) -> dict[str, float]:
         """`memory/<role>/allocated_gb`, `.../peak_gb` and `.../<stage>/peak_gb` of the actor,
@@ -415,8 +433,14 @@ class Controller:
         for stage in stages:
             group, needs, _ = plan[stage]
             chunk = max(1, -(-rows // group.size))
-            pending.append((stage, group.submit("drain", channel, stage, needs, chunk,
-                                                STAGE_TIMEOUT_S)))
+            if self.spec.trainer.deterministic:  # rank r computes rows of span r, always
+                spans = [(min(r * chunk, rows), min((r + 1) * chunk, rows))
+                         for r in range(group.size)]
+                drained = group.submit_map("drain", [
+                    (channel, stage, needs, chunk, STAGE_TIMEOUT_S, span) for span in spans])
+            else:  # whichever rank is free takes the next rows
+                drained = group.submit("drain", channel, stage, needs, chunk, STAGE_TIMEOUT_S)
+            pending.append((stage, drained))
         # each rank as many rows and about as many tokens (the stage's rows come back in order)
         parts, order = token_balanced(batch.with_sequences(), self.dp) if direct else ([], None)
         shares = [(part.to_dict(),) for part in parts]

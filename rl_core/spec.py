@@ -711,24 +711,45 @@ class ProfilingConfig(_Strict):
     output: str = Field("profiles", min_length=1, description="Folder under `trainer.output_dir`.")
 
 
-class PrecisionConfig(_Strict):
-    """Precision dumps of chosen steps and ranks, for comparing runs or devices."""
+PRECISION_STAGES = ("rollout", "reward", "ref_logprob", "old_logprob", "values", "advantages",
+                    "update")  # the stages a precision dump records (`tools.precision.stages`)
 
-    enable: bool = Field(False, description="Dump module inputs and outputs.")
+
+class PrecisionConfig(_Strict):
+    """Precision dumps of chosen steps, stages and ranks, in msprobe's format (Ascend's
+    precision tool), for comparing runs, devices or releases: `python -m rl_core precision
+    compare A B` or the web UI's precision comparison finds the first stage and module where
+    two runs part."""
+
+    enable: bool = Field(False, description="Dump the chosen steps' stage data and module "
+                         "statistics.")
     steps: list[Annotated[int, Field(gt=0, le=MAX_STEPS)]] = Field(
-        default_factory=lambda: [1], max_length=MAX_LIST, description="Steps to dump (1-based)."
+        default_factory=lambda: [1], min_length=1, max_length=MAX_LIST,
+        description="Steps to dump (1-based).",
     )
     ranks: list[Annotated[int, Field(ge=0, lt=MAX_DEVICES)]] = Field(
-        default_factory=lambda: [0], max_length=MAX_LIST, description="Ranks to dump."
+        default_factory=lambda: [0], min_length=1, max_length=MAX_LIST,
+        description="Ranks whose modules are dumped, within each role (the stage data is the "
+        "whole batch's, dumped once).",
+    )
+    stages: list[Literal[PRECISION_STAGES]] = Field(  # type: ignore[valid-type]
+        default_factory=lambda: list(PRECISION_STAGES), min_length=1, max_length=MAX_LIST,
+        description="Stages to dump: the data of each (`rollout`: prompts, responses and their "
+        "log-probs; `reward`: scores; `ref_logprob`, `old_logprob`, `values`: their outputs; "
+        "`advantages`: token rewards, advantages, returns; `update`: the losses) and, for "
+        "`ref_logprob`, `old_logprob`, `values` and `update`, the forward and backward "
+        "statistics of every module of the stage's model.",
     )
     mode: Literal["statistics", "tensor"] = Field(
         "statistics",
-        description="`statistics`: max, min, mean, norm per tensor; `tensor`: full tensors.",
+        description="`statistics`: max, min, mean and L2 norm of each module's inputs, "
+        "outputs and gradients; `tensor`: the full tensors too (large: choose `modules`).",
     )
     modules: list[str] = Field(
         default_factory=list,
         max_length=MAX_LIST,
-        description="Dump only modules whose name contains one of these; empty: all.",
+        description="Dump only modules whose name (path or class) contains one of these, e.g. "
+        "`layers.0.`; empty: all.",
     )
     output: str = Field("precision", min_length=1, description="Folder under `trainer.output_dir`.")
 
@@ -762,20 +783,6 @@ class ToolsConfig(_Strict):
 # the only values accepted today. A spec that sets another value is refused at that field before
 # the cross-field rules run; the reference and the JSON Schema mark each of these fields. An
 # entry goes when its feature lands.
-
-
-def _only_defaults(model: type[BaseModel], prefix: str) -> dict[str, tuple[Any, ...]]:
-    """Every leaf of `model` (recursively) accepting only its default value."""
-    entries: dict[str, tuple[Any, ...]] = {}
-    for name, field in model.model_fields.items():
-        tp = field.annotation
-        if get_origin(tp) is None and isinstance(tp, type) and issubclass(tp, BaseModel):
-            entries.update(_only_defaults(tp, f"{prefix}{name}."))
-        else:
-            entries[f"{prefix}{name}"] = (field.get_default(call_default_factory=True),)
-    return entries
-
-
 NOT_IMPLEMENTED: dict[str, tuple[Any, ...]] = {
     "rollout.tensor_parallel_size": (1,),
     "reward.reward_model": (None,),
@@ -785,7 +792,6 @@ NOT_IMPLEMENTED: dict[str, tuple[Any, ...]] = {
     "parallel.context_parallel_algo": ("ulysses",),  # moot while context_parallel_size is 1
     "parallel.colocate_actor_rollout": (True,),  # rollout generates in the training process
     "parallel.resharding": ("auto",),  # one layout for training and inference: nothing to reshard
-    **{k: v for k, v in _only_defaults(PrecisionConfig, "tools.precision.").items()},
 }
 
 
@@ -1229,20 +1235,21 @@ def _rule_rollout_engine(s: RunSpec) -> Iterator[Violation]:
         yield ("actor.rollout_is_cap", "applies only with actor.rollout_is=token or sequence")
 
 
-def _rule_profiling(s: RunSpec) -> Iterator[Violation]:
-    """Profiled steps within the run and ranks within its devices."""
-    p = s.tools.profiling
-    if not p.enable:
-        return
+def _rule_tools(s: RunSpec) -> Iterator[Violation]:
+    """Profiled and dumped steps within the run, ranks within its devices."""
     total = s.trainer.total_steps
-    late = sorted(step for step in p.steps if total and step > total)
-    if late:
-        yield ("tools.profiling.steps", f"steps {late} come after the last step "
-               f"(trainer.total_steps={total}): choose steps in 1..{total}")
-    beyond = sorted(rank for rank in p.ranks if rank >= s.world_size)
-    if beyond:
-        yield ("tools.profiling.ranks", f"ranks {beyond} do not exist: the run has "
-               f"{s.world_size} device(s), ranks 0..{s.world_size - 1}")
+    for name in ("profiling", "precision"):
+        tool = getattr(s.tools, name)
+        if not tool.enable:
+            continue
+        late = sorted(step for step in tool.steps if total and step > total)
+        if late:
+            yield (f"tools.{name}.steps", f"steps {late} come after the last step "
+                   f"(trainer.total_steps={total}): choose steps in 1..{total}")
+        beyond = sorted(rank for rank in tool.ranks if rank >= s.world_size)
+        if beyond:
+            yield (f"tools.{name}.ranks", f"ranks {beyond} do not exist: the run has "
+                   f"{s.world_size} device(s), ranks 0..{s.world_size - 1}")
 
 
 _RULES: tuple[Callable[[RunSpec], Iterator[Violation]], ...] = (
@@ -1259,7 +1266,7 @@ _RULES: tuple[Callable[[RunSpec], Iterator[Violation]], ...] = (
     _rule_trainer,
     _rule_offload,
     _rule_rollout_engine,
-    _rule_profiling,
+    _rule_tools,
 )
 
 

@@ -185,3 +185,19 @@ def memory_metrics(per_rank: list[Mapping[str, float]], role: str = "actor") -> 
     keys = sorted({key for r in per_rank for key in r if key.endswith("_bytes")})
     return {f"memory/{role}/{key.removesuffix('_bytes')}_gb":
             max(r.get(key, 0.0) for r in per_rank) / 2**30 for key in keys}
+
+def log_tool_files(tracker: Tracker, profile: Any, traces: list[str], precision: Any,
+                   dumps: list[str]) -> dict[str, float]:
+    """End a profiled or dumped step (`tools.*`): its traces go to the tracker as
+    `profiles/step_<N>/`, its dumps as `precision/step_<N>/` (each plan's folder, None: not
+    this step); returns how many files each wrote (`profile/traces`, `precision/files`)."""
+    metrics = {}
+    for plan, files, folder, key in ((profile, traces, "profiles", "profile/traces"),
+                                     (precision, dumps, "precision", "precision/files")):
+        if plan is None:
+            continue
+        log.info("%s of step %d: %d files in %s", folder, plan.step, len(files), plan.folder)
+        if files:
+            tracker.log_artifacts(plan.folder, f"{folder}/step_{plan.step}")
+        metrics[key] = float(len(files))
+    return metrics

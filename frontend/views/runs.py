@@ -169,11 +169,12 @@ def stage_breakdown(metrics: dict) -> list[dict]:
 @login_required
 def run_tools(request, pk: int):
     """Where a run's time went and what its tools recorded: the per-stage time breakdown, the
-    profiler traces in MLflow and the determinism report (a partial, polled while the run is
-    active)."""
+    profiler traces in MLflow, its precision dumps and the determinism report (a partial,
+    polled while the run is active)."""
     run = run_or_404(request.user, pk)
     context = {"run": run, "active": run.state not in TERMINAL_STATES, "error": "",
-               "stages": [], "step_seconds": None, "traces": [], "determinism": None}
+               "stages": [], "step_seconds": None, "traces": [], "determinism": None,
+               "dumps": None}
     try:
         keys = [k for k in run_metrics(run, [])["keys"] if k.startswith("timing/")]
         metrics = run_metrics(run, keys, max_points=1000)
@@ -184,6 +185,9 @@ def run_tools(request, pk: int):
                               "name": t["path"].rsplit("/", 1)[-1]}
                              for t in artifact_tree(run, "profiles")]
         context["determinism"] = read_json(run, "determinism/report.json")
+        dumps = artifact_tree(run, "precision", depth=3)
+        context["dumps"] = {"files": len(dumps), "steps": sorted(
+            {int(d["path"].split("/")[1].removeprefix("step_")) for d in dumps})}
     except TrackingUnavailable as exc:
         context["error"] = str(exc)
     return render(request, "frontend/_run_tools.html", context)

@@ -16,6 +16,10 @@ yet (as MindSpeed RL's TransferDock).
   a stage sees in which order does not depend on the order other stages wrote them in; with
   `min_rows == max_rows` the chunks themselves are always the same (0..k-1, k..2k-1, ...).
 - **Unordered mode**: any ready rows, lowest first.
+- **A span** (`span=(start, stop)` on `get`, `wait_get`, `fetch` and `drain`): the caller
+  takes only rows in [start, stop) of the stage, and is done when those are consumed. Ranks of
+  a deterministic run pull fixed spans, so which rank computes which row does not depend on
+  which asked first.
 - **Values.** A column holds a tensor or a list. A tensor put for n rows has first dimension n
   and is stored as n row tensors (copied: later in-place changes by the writer do not leak in).
   `get` and `column` stack the rows along dim 0, right-padding with 0 to the widest row in every
@@ -175,9 +179,11 @@ class DataChannel:
     # ------------------------------------------------------------------------------- reading
 
     def get(
-        self, stage: str, needs: Sequence[str], max_rows: int, *, min_rows: int = 1
+        self, stage: str, needs: Sequence[str], max_rows: int, *, min_rows: int = 1,
+        span: tuple[int, int] | None = None,
     ) -> Chunk | None:
-        """Up to `max_rows` rows with every column in `needs` written, not yet consumed by `stage`.
+        """Up to `max_rows` rows with every column in `needs` written, not yet consumed by `stage`
+        (and within `span`, when given).
 
         The rows become consumed by `stage`. None when fewer than `min_rows` are ready, unless
         they are all that `stage` has left (the tail). The chunk holds the `needs` columns.
@@ -185,31 +191,32 @@ class DataChannel:
         _check_sizes(max_rows, min_rows)
         needs = _names(needs)
         with self._lock:
-            return self._take(stage, needs, max_rows, min_rows)
+            return self._take(stage, needs, max_rows, min_rows, span)
 
     def wait_get(
         self, stage: str, needs: Sequence[str], max_rows: int, *, min_rows: int = 1,
-        wait_s: float = 1.0,
+        wait_s: float = 1.0, span: tuple[int, int] | None = None,
     ) -> tuple[Chunk | None, bool]:
         """`get`, waiting up to `wait_s` for a write that makes a chunk ready: (chunk, done),
-        done True once `stage` has consumed every row. Stage workers block here instead of
-        polling (the Ray actor runs calls on several threads)."""
+        done True once `stage` has consumed every row (of `span`). Stage workers block here
+        instead of polling (the Ray actor runs calls on several threads)."""
         _check_sizes(max_rows, min_rows)
         needs = _names(needs)
         deadline = time.monotonic() + wait_s
         with self._changed:
             while True:
-                chunk = self._take(stage, needs, max_rows, min_rows)
-                if chunk is not None or self._remaining(stage) == 0:
+                chunk = self._take(stage, needs, max_rows, min_rows, span)
+                if chunk is not None or self._remaining(stage, span) == 0:
                     return chunk, chunk is None
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return None, False
                 self._changed.wait(left)
 
-    def _take(self, stage: str, needs: list[str], max_rows: int, min_rows: int) -> Chunk | None:
-        rows = self._ready_rows(stage, needs, max_rows)
-        if not rows or len(rows) < min(min_rows, self._remaining(stage)):
+    def _take(self, stage: str, needs: list[str], max_rows: int, min_rows: int,
+              span: tuple[int, int] | None = None) -> Chunk | None:
+        rows = self._ready_rows(stage, needs, max_rows, span)
+        if not rows or len(rows) < min(min_rows, self._remaining(stage, span)):
             return None
         self._cursor(stage).take(rows)
         self._gets += 1
@@ -280,14 +287,27 @@ class DataChannel:
             self._cursors[stage] = _Cursor(bytearray(self._num_rows))
         return self._cursors[stage]
 
-    def _remaining(self, stage: str) -> int:
-        return self._num_rows - self._cursor(stage).count
+    def _remaining(self, stage: str, span: tuple[int, int] | None = None) -> int:
+        if span is None:
+            return self._num_rows - self._cursor(stage).count
+        taken = self._cursor(stage).taken
+        return sum(not taken[row] for row in range(*self._span(span)))
 
-    def _ready_rows(self, stage: str, needs: list[str], limit: int) -> list[int]:
+    def _span(self, span: tuple[int, int] | None) -> tuple[int, int]:
+        if span is None:
+            return 0, self._num_rows
+        start, stop = span
+        if not 0 <= start <= stop <= self._num_rows:
+            raise ValueError(f"span {span} is not within the batch's {self._num_rows} rows")
+        return start, stop
+
+    def _ready_rows(self, stage: str, needs: list[str], limit: int,
+                    span: tuple[int, int] | None = None) -> list[int]:
         cursor = self._cursor(stage)
         values = [self._data.get(name, {}) for name in needs]
         rows: list[int] = []
-        for row in range(cursor.front, self._num_rows):
+        start, stop = self._span(span)
+        for row in range(max(cursor.front, start), stop):
             if len(rows) >= limit:
                 break
             if cursor.taken[row]:
@@ -369,6 +389,7 @@ def fetch(
     timeout_s: float,
     poll_s: float = 1.0,
     min_rows: int = 1,
+    span: tuple[int, int] | None = None,
 ) -> tuple[Chunk | None, float]:
     """Wait for `stage`'s next chunk: (chunk or None once `stage` has consumed every row, wait).
 
@@ -379,7 +400,8 @@ def fetch(
     """
     needs = _names(needs)
     start = time.monotonic()
-    chunk, done = call(channel, "wait_get", stage, needs, max_rows, min_rows=min_rows, wait_s=0.0)
+    chunk, done = call(channel, "wait_get", stage, needs, max_rows, min_rows=min_rows, wait_s=0.0,
+                       span=span)
     if chunk is not None or done:
         return chunk, 0.0
     while True:
@@ -387,7 +409,7 @@ def fetch(
         if waited >= timeout_s:
             raise TimeoutError(_timeout_message(channel, stage, needs, min_rows, waited))
         chunk, done = call(channel, "wait_get", stage, needs, max_rows, min_rows=min_rows,
-                            wait_s=min(timeout_s - waited, poll_s))
+                            wait_s=min(timeout_s - waited, poll_s), span=span)
         if chunk is not None or done:
             return chunk, time.monotonic() - start
 
@@ -414,8 +436,10 @@ def drain(
     timeout_s: float,
     poll_s: float = 1.0,
     min_rows: int = 1,
+    span: tuple[int, int] | None = None,
 ) -> dict[str, float]:
-    """A stage's loop: fetch chunks of up to `chunk_size` rows, write `fn(chunk)` back, until done.
+    """A stage's loop: fetch chunks of up to `chunk_size` rows (of `span`), write `fn(chunk)`
+    back, until done.
 
     `fn` returns the output columns for the chunk's rows (None or {} for a stage that only reads).
     `timeout_s` bounds each wait for a chunk. Returns {"wait_s", "chunks", "rows"}.
@@ -423,8 +447,8 @@ def drain(
     wait_s, chunks, rows = 0.0, 0, 0
     while True:
         chunk, waited = fetch(
-            channel, stage, needs, chunk_size, timeout_s=timeout_s, poll_s=poll_s, min_rows=min_rows
-        )
+            channel, stage, needs, chunk_size, timeout_s=timeout_s, poll_s=poll_s, min_rows=min_rows,
+            span=span)
         wait_s += waited
         if chunk is None:
             return {"wait_s": wait_s, "chunks": float(chunks), "rows": float(rows)}

@@ -35,6 +35,7 @@ from rl_core.controller import Controller, batch_metrics, token_balanced
 from rl_core.data.batch import Batch
 from rl_core.data.partial import PartialRollouts
 from rl_core.errors import InputError, TrainingStopped
+from rl_core.precision import update_data
 from rl_core.roles.group import collect
 from rl_core.spec import RunSpec
 from rl_core.tracking import Timer, Tracker
@@ -142,14 +143,31 @@ class RLTrainer:
         with timer("step"):
             with timer("rollout"):
                 batch, metrics, columns = self.generate_batch(timer)
+            self.dump_stages(batch, columns)
             data = self.prepare_update(batch, columns, timer, metrics)
+            self.ctl.dump_data("advantages", {k: data[k] for k in ("advantages", "returns",
+                                                                   "token_rewards") if k in data})
             with timer("update"):
                 metrics.update(self.update(data))
+            self.ctl.dump_data("update", update_data(metrics))
         metrics.update(timer.metrics())
         tokens = int(batch.response_mask.sum() + batch.prompt_mask.sum())
         metrics["perf/tokens_per_s"] = tokens / max(timer.seconds["step"], 1e-9)
         metrics["perf/total_tokens"] = float(tokens)
         return metrics
+
+    def dump_stages(self, batch: Batch, columns: Batch) -> None:
+        """The data of the rollout and of the stages after it, in a dumped step
+        (`tools.precision`; the update's and the advantages' are dumped where they are made)."""
+        dump = self.ctl.dump_data
+        dump("rollout", {k: batch[k] for k in ("prompt_ids", "response_ids", "response_lengths",
+                                               "logprobs", "prompt_index") if k in batch})
+        dump("reward", {k: columns[k] for k in columns.keys()
+                        if k == "score" or k.startswith("reward_fn/")})
+        for stage, column in (("ref_logprob", "ref_logprobs"), ("old_logprob", "old_logprobs"),
+                              ("values", "values")):
+            if column in columns:
+                dump(stage, {column: columns[column]})
 
     def generate_batch(self, timer: Timer) -> tuple[Batch, dict[str, float], Batch]:
         """One batch of scored responses (and its stage outputs); with DAPO dynamic sampling,
@@ -266,6 +284,7 @@ class RLTrainer:
                                                          self.kl_ctrl.value, adv.kl_penalty)
             self.kl_ctrl.update(float(current_kl), n_steps=len(batch))
             metrics.update({"actor/reward_kl": float(current_kl), "actor/kl_coef": self.kl_ctrl.value})
+        data["token_rewards"] = rewards  # with the in-reward KL penalty, if any
         with timer("adv"):
             advantages, returns = algos.compute_advantage(
                 adv.adv_estimator, rewards, mask, index=batch.prompt_index,

@@ -28,10 +28,11 @@ from rl_core.determinism import process_report, record_determinism, seed_everyth
 from rl_core.errors import InputError, NonFiniteError, TrainingStopped
 from rl_core.evaluation import evaluate_prompts
 from rl_core.models.loading import load_from_spec
+from rl_core.precision import PrecisionPlan, StageDumper, update_data
 from rl_core.profiling import ProfilePlan, StageProfiler
 from rl_core.rewards import RewardComposer
 from rl_core.spec import RunSpec
-from rl_core.tracking import make_tracker, memory_metrics
+from rl_core.tracking import log_tool_files, make_tracker, memory_metrics
 
 log = logging.getLogger("rl_core")
 
@@ -66,6 +67,7 @@ class SFTTrainer:
         self.rewards = RewardComposer.from_config(spec.reward)
         self.tracker = make_tracker(spec, self.output_dir)
         self.profiler = StageProfiler("sft", 0)  # tools.profiling: the update of chosen steps
+        self.dumper = StageDumper("sft", 0)  # tools.precision: the same
         self.step = 0
 
     def batch(self, rows: list[int]) -> dict[str, torch.Tensor]:
@@ -92,20 +94,22 @@ class SFTTrainer:
         try:
             while self.step < self.total_steps:
                 self.model.train()
-                plan = ProfilePlan.for_step(self.spec, self.step + 1)
-                self.profiler.begin(plan)
+                # tools.*: the update is SFT's one profiled and dumped stage
+                profile = ProfilePlan.for_step(self.spec, self.step + 1)
+                precision = PrecisionPlan.for_step(self.spec, self.step + 1)
+                self.profiler.begin(profile)
+                self.dumper.begin(precision)
                 try:
-                    with self.profiler.stage("update", self.device):
+                    with self.profiler.stage("update", self.device), \
+                            self.dumper.stage("update", self.model):
                         metrics = self.engine.train_step(
                             self.batch(next(self.loader)), sft_loss_fn,
                             micro_batch_size=self.spec.actor.ppo_micro_batch_size)
                 except NonFiniteError as exc:
                     raise TrainingStopped(self.step + 1, str(exc), exc.metrics) from exc
-                if plan is not None:  # the update is SFT's one profiled stage
-                    traces = self.profiler.begin(None)
-                    metrics["profile/traces"] = float(len(traces))
-                    if traces:
-                        self.tracker.log_artifacts(plan.folder, f"profiles/step_{plan.step}")
+                self.dumper.data("update", update_data(metrics))
+                metrics.update(log_tool_files(self.tracker, profile, self.profiler.begin(None),
+                                              precision, self.dumper.begin(None)))
                 if self.spec.tools.monitor.log_memory:
                     metrics.update(memory_metrics([devices.memory_stats(self.device)]))
                 self.step += 1

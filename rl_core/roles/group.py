@@ -25,7 +25,13 @@ from datetime import timedelta
 from typing import Any
 
 from rl_core.errors import InputError, RoleFailed, TrainingStopped
+from rl_core.precision import PrecisionPlan, StageDumper
 from rl_core.profiling import ProfilePlan, StageProfiler
+
+# The stages whose model's modules a precision dump records: the forwards and backwards of the
+# training engine. The rollout's data is dumped (by the controller) but not its decoding steps'
+# modules: thousands of forwards per response, and vLLM's model is not this one.
+MODULE_STAGES = ("ref_logprob", "old_logprob", "values", "update")
 
 # How long a rank waits in a collective before giving up; a dead peer is normally noticed by
 # the controller long before (Ray reports a lost actor within seconds).
@@ -42,6 +48,7 @@ class Worker:
         self.dp_group = None
         self.stage_peaks: dict[str, float] = {}  # stage -> peak bytes (see `measured`)
         self.profiler = StageProfiler(self.role, rank)  # traces of chosen stages
+        self.dumper = StageDumper(self.role, rank)  # precision dumps of chosen stages
         threads = os.environ.get("RL_CORE_THREADS")  # set per rank by the Ray placement
         if threads:
             import torch
@@ -51,23 +58,27 @@ class Worker:
     @contextlib.contextmanager
     def measured(self, stage: str) -> Iterator[None]:
         """Record the device's peak memory during `stage` (on cpu the process's peak resident
-        set); `memory()` reports it. A profiled step's chosen stages are also traced
-        (`begin_profile`)."""
+        set); `memory()` reports it. In a profiled or dumped step the chosen stages are also
+        traced and their model's modules dumped (`begin_tools`)."""
         from rl_core import device as devices
 
         device = getattr(self, "device", "cpu")
+        model = getattr(self, "model", None) if stage in MODULE_STAGES else None
+        dumped = self.dumper.stage(stage, model) if model is not None else contextlib.nullcontext()
         devices.reset_peak(device)
         try:
-            with self.profiler.stage(stage, device):
+            with self.profiler.stage(stage, device), dumped:
                 yield
         finally:
             peak = devices.memory_stats(device)["peak_bytes"]
             self.stage_peaks[stage] = max(self.stage_peaks.get(stage, 0.0), peak)
 
-    def begin_profile(self, plan: ProfilePlan | None) -> list[str]:
-        """Trace the next step's chosen stages under `plan` (None: trace nothing); returns the
-        trace files written in the step before (see `rl_core.profiling`)."""
-        return self.profiler.begin(plan)
+    def begin_tools(self, profile: ProfilePlan | None,
+                    precision: PrecisionPlan | None) -> dict[str, list[str]]:
+        """Trace and dump the next step's chosen stages under the plans (None: nothing);
+        returns the files written in the step before: `{"traces": [...], "dumps": [...]}`
+        (see `rl_core.profiling` and `rl_core.precision`)."""
+        return {"traces": self.profiler.begin(profile), "dumps": self.dumper.begin(precision)}
 
     def determinism(self) -> dict[str, Any]:
         """What this rank's process has set for reproducible steps (`rl_core.determinism`)."""
@@ -124,15 +135,16 @@ class Worker:
         """What a role builds once its process group exists (a sharded engine)."""
 
     def drain(self, channel: Any, stage: str, needs: Sequence[str], chunk_size: int,
-              timeout_s: float) -> dict[str, float]:
-        """Process `stage` from the data channel, chunk by chunk, until every row is done."""
+              timeout_s: float, span: tuple[int, int] | None = None) -> dict[str, float]:
+        """Process `stage` from the data channel, chunk by chunk, until every row (of `span`)
+        is done."""
         import time
 
         from rl_core.data.channel import drain
 
         started = time.perf_counter()
         out = drain(channel, stage, needs, chunk_size, lambda chunk: self.compute(stage, chunk),
-                    timeout_s=timeout_s)
+                    timeout_s=timeout_s, span=span)
         return {**out, "seconds": time.perf_counter() - started}
 
     def compute(self, stage: str, chunk: Any) -> dict[str, Any]:

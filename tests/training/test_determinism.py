@@ -1,5 +1,6 @@
 """`trainer.deterministic`: two runs of the tiny GRPO example, locally and on two Ray ranks, log
-bitwise-identical metrics, and each stores a report of what every process set."""
+bitwise-identical metrics and precision dumps (`tools.precision`, which compare as "no
+divergence"), and each stores a report of what every process set."""
 
 from __future__ import annotations
 
@@ -10,14 +11,16 @@ import pytest
 from test_trainer import read_metrics, tiny_spec
 
 from rl_core.determinism import DETERMINISTIC_ENV
+from rl_core.precision import compare
 from rl_core.recipes.rl import RLTrainer
 from rl_core.spec import resolve_spec
 from rl_core.tracking import stable_metrics
 
 
-def deterministic_run(out: Path, backend: str, **sections) -> list[dict]:
-    spec = resolve_spec(tiny_spec(out, trainer={"total_steps": 2, "deterministic": True},
-                                  **sections))
+def deterministic_run(out: Path, backend: str, ranks: list[int] = [0], **sections) -> list[dict]:
+    spec = resolve_spec(tiny_spec(
+        out, trainer={"total_steps": 2, "deterministic": True},
+        tools={"precision": {"enable": True, "steps": [2], "ranks": ranks}}, **sections))
     RLTrainer(spec, backend=backend).fit()
     return [{k: v for k, v in stable_metrics(m).items() if not k.startswith("channel/")}
             for m in read_metrics(out)]
@@ -27,10 +30,30 @@ def report(out: Path) -> dict:
     return json.loads((out / "determinism" / "report.json").read_text())
 
 
+def assert_same_dumps(a: Path, b: Path, workers: set[str]) -> None:
+    """Byte-identical dump files of step 2 in both runs, from each of `workers` (but the call
+    stacks, `stack.json`, which hold the caller's line); `compare` finds no divergence and has
+    compared every module and data tensor."""
+    files = sorted(p.relative_to(a) for p in (a / "precision").rglob("*")
+                   if p.is_file() and p.name != "stack.json")
+    assert {f.parts[2] for f in files} == workers
+    assert any(f.name == "dump.json" for f in files) and any(f.name == "data.safetensors"
+                                                              for f in files)
+    for name in files:
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+    made = compare(a / "precision", b / "precision")
+    assert not made.diverged and made.first_divergence is None, made.summary()
+    assert "no divergence" in made.summary()
+    assert made.count("only_in_a") == made.count("only_in_b") == 0
+    assert len(made.rows) > 50
+
+
 def test_two_local_runs_are_bitwise_identical_and_say_what_was_set(tmp_path, tiny_cache):
     first = deterministic_run(tmp_path / "a", "local")
     second = deterministic_run(tmp_path / "b", "local")
     assert len(first) == 2 and first == second  # floats compared exactly
+    assert_same_dumps(tmp_path / "a", tmp_path / "b",
+                      {"controller-rank0", "actor-rank0", "reference-rank0"})
     made = report(tmp_path / "a")
     assert made["deterministic"] and made["consistent"], made["problems"]
     assert {p["role"] for p in made["processes"]} == {"controller", "actor", "reference",
@@ -44,9 +67,11 @@ def test_two_local_runs_are_bitwise_identical_and_say_what_was_set(tmp_path, tin
 @pytest.mark.usefixtures("local_ray")
 def test_two_runs_on_two_ray_ranks_are_bitwise_identical(tmp_path, tiny_cache):
     two = {"resources": {"devices_per_node": 2}}
-    first = deterministic_run(tmp_path / "a", "ray", **two)
-    second = deterministic_run(tmp_path / "b", "ray", **two)
+    first = deterministic_run(tmp_path / "a", "ray", ranks=[0, 1], **two)
+    second = deterministic_run(tmp_path / "b", "ray", ranks=[0, 1], **two)
     assert len(first) == 2 and first == second
+    assert_same_dumps(tmp_path / "a", tmp_path / "b", {
+        "controller-rank0", "actor-rank0", "actor-rank1", "reference-rank0", "reference-rank1"})
     made = report(tmp_path / "a")
     assert made["consistent"], made["problems"]
     actors = [p for p in made["processes"] if p["role"] == "actor"]

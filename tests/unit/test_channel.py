@@ -328,3 +328,21 @@ def test_fetch_refuses_anything_but_a_channel_or_its_actor():
         TypeError, match="expected a DataChannel or a Ray actor handle of one, got dict"
     ):
         fetch({}, "s", ["a"], 2, timeout_s=1.0)
+
+
+def test_a_span_takes_only_its_rows_and_is_done_when_they_are():
+    channel = DataChannel()
+    channel.new_batch(6, {"x": torch.arange(6)})
+    seen = {}
+    # the second span's caller runs first: it still gets rows 3..5 and stops there
+    for span in ((3, 6), (0, 3)):
+        out = drain(channel, "double", ["x"], 2, lambda c: {"y": c.columns["x"] * 2},
+                    timeout_s=5, span=span)
+        seen[span] = out["rows"]
+    assert seen == {(3, 6): 3.0, (0, 3): 3.0}
+    assert channel.column("y").tolist() == [0, 2, 4, 6, 8, 10]
+    chunk, done = channel.wait_get("other", ["x"], 10, wait_s=0, span=(4, 6))
+    assert chunk.rows == [4, 5] and not done
+    assert channel.wait_get("other", ["x"], 10, wait_s=0, span=(4, 6)) == (None, True)
+    with pytest.raises(ValueError, match=r"span \(5, 9\) is not within the batch's 6 rows"):
+        channel.get("other", ["x"], 1, span=(5, 9))

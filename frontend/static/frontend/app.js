@@ -58,9 +58,9 @@
     box._uplot = new uPlot({
       width: Math.max(plot.clientWidth || box.clientWidth - 16, 280), height: 200,
       scales: {x: {time: false}},
-      axes: [{label: "step"}, {size: 64, values: ticks}],
+      axes: [{label: box.dataset.xlabel || "step"}, {size: 64, values: ticks}],
       cursor: {drag: {x: true, y: false}},
-      series: [{label: "step"}, ...shown.map((s, i) => ({
+      series: [{label: box.dataset.xlabel || "step"}, ...shown.map((s, i) => ({
         label: s.label, stroke: PALETTE[i % PALETTE.length], width: 1.6, spanGaps: true,
         points: {show: s.points.length < 40},
       }))],
@@ -180,6 +180,24 @@
     }
   }
 
+  /* --- the precision comparison: the error curves, diverged rows only, the first in view ---- */
+  function precisionPage() {
+    const box = document.querySelector("[data-testid='precision-curves']");
+    if (box) {
+      draw(box, JSON.parse(document.getElementById("precision-curves-data").textContent));
+      box.dataset.loaded = "true";
+    }
+    const only = document.getElementById("diverged-only");
+    const table = document.querySelector("table.precision-rows");
+    if (only && table) {
+      const apply = () => table.classList.toggle("only-changed", only.checked);
+      only.addEventListener("change", apply);
+      apply();
+    }
+    const row = document.getElementById("first-divergence-row");
+    if (row) row.scrollIntoView({block: "center"});
+  }
+
   function copyButtons() {
     document.querySelectorAll("[data-copy]").forEach(button => button.addEventListener("click", () => {
       const text = document.querySelector(button.dataset.copy).textContent;
@@ -235,6 +253,7 @@
     if (log) logTail(log);
     const compare = document.getElementById("compare-charts");
     if (compare) compareCharts(compare);
+    if (document.getElementById("precision-rows-box") || document.getElementById("precision-charts")) precisionPage();
     copyButtons();
     barWidths(document);
     const submitForm = document.getElementById("submit-form");
