@@ -166,6 +166,8 @@ class StageDumper:
         self.plan = plan if plan is not None and self.rank in plan.ranks else None
         self.calls.clear()
         self.data_calls.clear()
+        if self.plan is not None and self.role != "controller":
+            import msprobe.pytorch  # noqa: F401 - its import (seconds) before the step, not in it
         return written
 
     def folder(self, stage: str, call: int = 1) -> Path:
