@@ -21,6 +21,7 @@ import copy
 import difflib
 import json
 import math
+import re
 import types
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -1235,8 +1236,12 @@ def _rule_rollout_engine(s: RunSpec) -> Iterator[Violation]:
         yield ("actor.rollout_is_cap", "applies only with actor.rollout_is=token or sequence")
 
 
+_MSPROBE_PATH = re.compile(r"^[A-Za-z0-9_.:/-]+$")  # what msprobe accepts as a dump path
+
+
 def _rule_tools(s: RunSpec) -> Iterator[Violation]:
-    """Profiled and dumped steps within the run, ranks within its devices."""
+    """Profiled and dumped steps within the run, ranks within its devices; dump folders that
+    msprobe can write to."""
     total = s.trainer.total_steps
     for name in ("profiling", "precision"):
         tool = getattr(s.tools, name)
@@ -1250,6 +1255,13 @@ def _rule_tools(s: RunSpec) -> Iterator[Violation]:
         if beyond:
             yield (f"tools.{name}.ranks", f"ranks {beyond} do not exist: the run has "
                    f"{s.world_size} device(s), ranks 0..{s.world_size - 1}")
+    precision = s.tools.precision
+    if precision.enable:
+        for field, path in (("trainer.output_dir", s.trainer.output_dir),
+                            ("tools.precision.output", precision.output)):
+            if not _MSPROBE_PATH.match(path):
+                yield (field, f"{path!r}: msprobe writes precision dumps only to paths of "
+                       "letters, digits and _ . : / - (no spaces): choose another folder")
 
 
 _RULES: tuple[Callable[[RunSpec], Iterator[Violation]], ...] = (
@@ -1593,7 +1605,10 @@ def _read_yaml(text: str) -> tuple[Any, yaml.Node | None]:
             "it; large data belongs in files",
             refused=True,
         )
-    loader = _SpecLoader(text)
+    try:
+        loader = _SpecLoader(text)  # its reader refuses control characters at once
+    except yaml.YAMLError as exc:
+        raise _YAMLProblem(f"YAML error: {exc}") from exc
     try:
         node = loader.get_single_node()
         return (loader.construct_document(node) if node is not None else None), node

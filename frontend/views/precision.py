@@ -15,21 +15,6 @@ RELATIVE = ("MaxRelativeErr", "MinRelativeErr", "MeanRelativeErr", "NormRelative
 MAX_ROWS = 2000  # rows of one stage on the page (the report files hold all)
 
 
-def _number(params, name: str, default: float, low: float, high: float, errors: dict) -> float:
-    raw = params.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        errors[name] = f"{raw!r} is not a number"
-        return default
-    if not low <= value <= high:
-        errors[name] = f"must be in [{low:g}, {high:g}]"
-        return default
-    return value
-
-
 def _unit(row: dict) -> str:
     return f"{row['worker']}/{row['stage']}" + (f"-{row['call']}" if row.get("call", 1) > 1 else "")
 
@@ -81,11 +66,7 @@ def precision_compare(request):
     params = request.GET
     runs = visible_runs(request.user)
     dumped = runs.filter(spec__tools__precision__enable=True).order_by("-created_at")[:200]
-    errors: dict[str, str] = {}
-    thresholds = Thresholds(
-        cosine_min=_number(params, "cosine_min", Thresholds.cosine_min, 0, 1, errors),
-        abs_max=_number(params, "abs_max", Thresholds.abs_max, 0, 1e30, errors),
-        rel_max=_number(params, "rel_max", Thresholds.rel_max, 0, 1e30, errors))
+    thresholds, errors = Thresholds.from_params(params)
     chosen = {}
     for side in ("a", "b"):
         value = params.get(side, "").strip().lstrip("#")

@@ -12,7 +12,7 @@ from drf_spectacular.utils import (OpenApiParameter, OpenApiResponse, extend_sch
                                    inline_serializer)
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import PermissionDenied
+from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.filters import OrderingFilter
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.renderers import BrowsableAPIRenderer, JSONRenderer
@@ -32,7 +32,7 @@ from api.permissions import IsStaffOrReadOnly, ProjectRole
 from clusters.choices import NodeState
 from clusters.models import Cluster, Node
 from clusters.services import fitting_clusters, set_node_state
-from experiments import services, tracking
+from experiments import precision, services, tracking
 from experiments.filters import RunFilter
 from experiments.models import Experiment, Run
 from experiments.queries import visible_runs
@@ -345,6 +345,40 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
     def metrics(self, request, pk=None):
         """Metrics of the run from MLflow: names, latest values and histories for charts."""
         return Response(run_data.metrics(self.get_object(), request.query_params))
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("against", int, required=True, description="The reference run "
+                             "(A): this run's dumps are checked against its."),
+            OpenApiParameter("cosine_min", float, description="Lowest cosine similarity that "
+                             "passes (full tensors; default 0.9999)."),
+            OpenApiParameter("abs_max", float, description="Absolute error that passes "
+                             "(default 1e-5)."),
+            OpenApiParameter("rel_max", float, description="Relative error that passes "
+                             "(default 1e-3); an error passes under either."),
+        ],
+        responses={200: OpenApiResponse(OpenApiTypes.OBJECT, description=(
+            "The comparison report (as `python -m rl_core precision compare` writes it): "
+            "`summary`, `diverged`, `first_divergence`, `thresholds`, `only_in_a`, "
+            "`only_in_b` and every compared tensor in `rows`.")), **TRACKING_ERRORS})
+    @action(detail=True, methods=["get"], url_path="precision", pagination_class=None,
+            filter_backends=[])
+    def precision_report(self, request, pk=None):
+        """The precision comparison of this run's dumps (`tools.precision`) against the
+        reference run `against`: where they part first. 409 when either has no dumps."""
+        run = self.get_object()
+        against = request.query_params.get("against", "")
+        if not against.isdigit():
+            raise services.RequestError("against", "Give the reference run's id, e.g. "
+                                                   "?against=12.")
+        reference = self.get_queryset().filter(pk=int(against)).first()
+        if reference is None:
+            raise services.RequestError("against", f"Run {against} does not exist, or you are "
+                                                   "not a member of its project.")
+        thresholds, errors = precision.Thresholds.from_params(request.query_params)
+        if errors:
+            raise ValidationError({name: [message] for name, message in errors.items()})
+        return Response(precision.compare_runs(reference, run, thresholds))
 
     @extend_schema(responses={200: s.ArtifactSerializer(many=True), **TRACKING_ERRORS})
     @action(detail=True, methods=["get"], pagination_class=None, filter_backends=[])

@@ -20,11 +20,13 @@ from django.conf import settings
 
 from experiments.choices import TERMINAL_STATES
 from experiments.models import Run
+from experiments.services import DomainError
 from experiments.tracking import TrackingUnavailable, _tracking
 
 
-class NoDumps(Exception):
-    """A run has no precision dumps: the message names it and says how to make them."""
+class NoDumps(DomainError):
+    """A run has no precision dumps (HTTP 409): the message names it and says how to make
+    them."""
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,28 @@ class Thresholds:
 
     def key(self) -> str:
         return f"{self.cosine_min:g}-{self.abs_max:g}-{self.rel_max:g}"
+
+    @classmethod
+    def from_params(cls, params) -> tuple[Thresholds, dict[str, str]]:
+        """The thresholds a query asks for (`cosine_min`, `abs_max`, `rel_max`; the defaults
+        where absent) and an error per bad one, by name (its default is used meanwhile)."""
+        errors: dict[str, str] = {}
+        bounds = {"cosine_min": (0.0, 1.0), "abs_max": (0.0, 1e30), "rel_max": (0.0, 1e30)}
+        values = {}
+        for name, (low, high) in bounds.items():
+            raw = str(params.get(name) or "").strip()
+            if not raw:
+                continue
+            try:
+                value = float(raw)
+            except ValueError:
+                errors[name] = f"{raw!r} is not a number"
+                continue
+            if not low <= value <= high:  # also refuses nan
+                errors[name] = f"must be in [{low:g}, {high:g}]"
+                continue
+            values[name] = value
+        return cls(**values), errors
 
 
 def _folder() -> Path:

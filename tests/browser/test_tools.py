@@ -97,3 +97,10 @@ def test_the_tools_of_runs_and_their_precision_comparison(page, team, sign_in, w
     assert report["diverged"]
     expect(first).to_contain_text(report["first_divergence"]["tensor"])
     expect(first).to_contain_text(report["first_divergence"]["stage"])
+
+    # ... and the API's, for pipelines: the same report as JSON
+    answer = page.request.get(f"/api/v1/runs/{runs[2].pk}/precision/?against={run.pk}")
+    assert answer.status == 200
+    assert answer.json()["first_divergence"] == report["first_divergence"]
+    same = page.request.get(f"/api/v1/runs/{runs[1].pk}/precision/?against={run.pk}").json()
+    assert same["diverged"] is False and "no divergence" in same["summary"]

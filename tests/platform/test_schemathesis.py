@@ -96,13 +96,18 @@ def test_it_answers_every_operation_within_its_schema(api_schema, live, method, 
 
 STATE_REFUSALS = ("does not exist", "Invalid pk", "There is no user named", "already exists",
                   "already has", "must make a unique set",
-                  # the calling token's own expiry bounds a new token's lifetime
-                  "cannot outlive the token")
+                  # the calling token's own expiry bounds a new token's lifetime, and the
+                  # server's ASCENT_TOKEN_MAX_DAYS any token's
+                  "cannot outlive the token", "Tokens must expire on this server",
+                  # text is trimmed: a string of whitespace only (say "\x1e" or "\x85") is
+                  # blank, which a JSON Schema's minLength cannot say
+                  "This field may not be blank")
 
 
 def refused_for_state(response) -> bool:
     """A 400 about ids or names that do not exist, names already taken, a token's lifetime
-    beyond the calling token's, or a run spec's own cross-field rules (its JSON Schema is
+    beyond the calling token's or the server's limit, text of whitespace only, or a run spec's
+    own cross-field rules (its JSON Schema is
     spec/schema/): schema-valid input that the API rightly refuses, as no JSON Schema of the
     body can say which objects exist."""
     if response.status_code != 400:

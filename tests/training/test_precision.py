@@ -93,3 +93,16 @@ def test_the_command_line_compare_says_where_and_exits_by_the_outcome(tmp_path, 
     assert report["first_divergence"] is None and (tmp_path / "same" / "report.csv").is_file()
     missing = run(str(reference_run / "precision"), str(tmp_path / "nowhere"))
     assert missing.returncode == 2 and "nowhere" in missing.stderr
+
+
+@pytest.mark.parametrize("sections, field", [
+    ({"tools": {"precision": {"enable": True, "steps": [9]}}}, "tools.precision.steps"),
+    ({"tools": {"precision": {"enable": True, "ranks": [2]}}}, "tools.precision.ranks"),
+    ({"tools": {"precision": {"enable": True, "stages": ["decode"]}}}, "tools.precision.stages"),
+    ({"tools": {"precision": {"enable": True, "output": "my dumps"}}}, "tools.precision.output"),
+    ({"tools": {"precision": {"enable": True}}, "trainer": {"output_dir": "/tmp/a b"}},
+     "trainer.output_dir"),
+])
+def test_a_dump_the_run_cannot_make_is_refused_naming_the_field(tmp_path, sections, field):
+    with pytest.raises(ValueError, match=field.replace(".", r"\.")):
+        resolve_spec(tiny_spec(tmp_path, **sections))

@@ -150,6 +150,13 @@ def test_a_number_too_long_to_read_is_a_spec_error():
         parse_spec_yaml("seed: " + "9" * 5000)
 
 
+def test_a_control_character_is_a_spec_error_in_a_file_and_in_an_override():
+    with pytest.raises(SpecError, match="unacceptable character #x0005"):
+        parse_spec_yaml("name: a\u0005b")
+    error = error_of(MINIMAL, "name=\u0005")
+    assert error["field"] == "name" and "unacceptable character" in error["message"]
+
+
 # --------------------------------------------------------------------------- finite numbers
 
 
