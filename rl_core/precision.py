@@ -605,7 +605,9 @@ class _Unit:
         index = PIPELINE_STAGES.index(self.stage) if self.stage in PIPELINE_STAGES else len(
             PIPELINE_STAGES)
         role, _, rank = self.worker.rpartition("-rank")
-        return (self.step or 0, index, self.stage, self.call, role, int(rank or 0))
+        # the controller's data of a stage is its output: after the modules that made it
+        return (self.step or 0, index, self.stage, self.call, role == "controller", role,
+                int(rank or 0))
 
 
 def find_dumps(root: str | Path) -> dict[str, _Unit]:

@@ -453,3 +453,28 @@ def test_cli_exit_codes_and_files(baseline, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         precision.main(["compare", str(baseline)])
     assert exit_info.value.code == 2
+
+
+def test_a_stages_output_data_comes_after_the_modules_that_made_it(tmp_path, monkeypatch):
+    """The controller saves a stage's output (`ref_logprobs`) after the reference's modules ran:
+    when both part, the first divergence is the module, not the output it led to."""
+    def run(out: Path, scale: float | None) -> Path:
+        torch.manual_seed(0)
+        model, ids = TinyLM(), torch.randint(0, VOCAB, (2, 5))
+        plan = PrecisionPlan.for_step(make_spec(out), 1)
+        reference, controller = StageDumper("reference", 0), StageDumper("controller", 0)
+        reference.begin(plan)
+        controller.begin(plan)
+        handle = perturb(model, "layers.1.mlp", scale) if scale else None
+        with reference.stage("ref_logprob", model), torch.no_grad():
+            logprobs = model(ids).log_softmax(-1)
+        controller.data("ref_logprob", {"ref_logprobs": logprobs})
+        if handle is not None:
+            handle.remove()
+        return out / "precision"
+
+    made = compare(run(tmp_path / "a", None), run(tmp_path / "b", 0.5))
+    first = made.first_divergence
+    assert first["worker"] == "reference-rank0" and "layers.1.mlp" in first["module"], first
+    output = next(r for r in made.rows if r["tensor"] == "ref_logprobs")
+    assert output["diverged"] and output["order"] > first["order"]
