@@ -55,15 +55,21 @@ def charts_for(run) -> list[tuple[str, list[str]]]:
     return charts + COMMON_CHARTS
 
 
-def chosen_states(params) -> list[str]:
-    """`state` may repeat or hold a comma-separated list; `active` stands for every state in
-    which a run may hold devices."""
-    states = []
+def chosen_states(params) -> tuple[list[str], list[str]]:
+    """(the states asked for, the values that name no state). `state` may repeat or hold a
+    comma-separated list, in any case; `active` stands for every state in which a run may hold
+    devices."""
+    states, unknown = [], []
     for value in params.getlist("state"):
-        for state in value.split(","):
-            names = sorted(ACTIVE_STATES) if state == "active" else [state] if state in RunState else []
+        for state in (part.strip() for part in value.split(",")):
+            if not state:
+                continue
+            names = (sorted(ACTIVE_STATES) if state.lower() == "active"
+                     else [state.upper()] if state.upper() in RunState else [])
+            if not names:
+                unknown.append(state)
             states.extend(s for s in names if s not in states)
-    return states
+    return states, unknown
 
 
 def run_filter_data(params, states: list[str]) -> QueryDict:
@@ -82,7 +88,7 @@ def run_list(request):
     The filter is the API's; a value it refuses (a stale or hand-typed address) filters
     nothing, where the API answers 400, so the page still shows a list."""
     params = request.GET
-    states = chosen_states(params)
+    states, unknown = chosen_states(params)
     runs = visible_runs(request.user).defer("spec")  # a table shows no spec
     runs = RunFilter(run_filter_data(params, states), queryset=runs).qs
     sort = params.get("sort") if params.get("sort") in RUN_ORDERS else DEFAULT_ORDER
@@ -99,6 +105,7 @@ def run_list(request):
         "creators": get_user_model().objects.filter(runs__in=visible).distinct()
         .order_by("username").values_list("username", flat=True),
         "filtered": any(params.get(k) for k in ("state", "experiment", "creator", "algorithm", "q")),
+        "unknown_states": unknown,
     }
     template = "frontend/_runs_table.html" if is_htmx(request) else "frontend/runs.html"
     return render(request, template, context)

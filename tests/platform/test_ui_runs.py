@@ -48,6 +48,11 @@ def test_the_list_filters_searches_and_hides_other_projects(signed_in, experimen
     page = client.get("/runs/?state=FAILED,RUNNING&state=bogus").content.decode()
     assert "busy" in page and "other" in page and "lr sweep a" not in page
     assert '<option value="FAILED,RUNNING" selected>failed,running</option>' in page
+    assert "No state is called “bogus”: filtered by the others" in page
+    page = client.get("/runs/?state=failed").content.decode()  # any case
+    assert "other" in page and "busy" not in page and "state-notice" not in page
+    page = client.get("/runs/?state=Nonsense").content.decode()  # said, not silently ignored
+    assert "No state is called “Nonsense”: the state filter is off" in page
     running.delete()
     page = client.get("/runs/?q=sweep&creator=owner&algorithm=grpo").content.decode()
     assert "lr sweep a" in page and "other" not in page
