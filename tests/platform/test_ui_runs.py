@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from django.utils import timezone
 
 from experiments.choices import RunState
 from experiments.models import Run
@@ -147,6 +148,10 @@ def test_detail_page_shows_the_run_and_hides_it_from_strangers(signed_in, experi
     run = make_run(experiment, users["owner"], state=RunState.FAILED, error="boom")
     page = signed_in("viewer").get(f"/runs/{run.pk}/").content.decode()
     assert "boom" in page and 'data-testid="timeline"' in page
+    # absolute times say their zone (settings.TIME_ZONE), in text and machine-readable
+    zone = timezone.localtime(run.created_at).strftime("%Z")
+    assert f'{timezone.localtime(run.created_at):%Y-%m-%d %H:%M:%S} {zone}</time>' in page
+    assert f'datetime="{timezone.localtime(run.created_at).isoformat()}"' in page
     assert 'data-testid="cancel"' not in page and 'data-testid="restart"' not in page
     assert 'data-testid="clone"' not in page
     response = signed_in("stranger").get(f"/runs/{run.pk}/")
