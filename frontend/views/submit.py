@@ -201,7 +201,8 @@ def submit(request):
         editor.general.append(f"{exc} Reload the page to submit a new run.")
         return _page(request, editor)
     if created:
-        messages.success(request, f"Run {run.pk} submitted: it is queued for a cluster.")
+        # a message that stays true: the state header below follows the run (queued, running...)
+        messages.success(request, f"Run {run.pk} submitted.")
     else:
         messages.info(request, f"This form was already submitted as run {run.pk}: nothing new was queued.")
     return redirect("frontend:run", pk=run.pk)

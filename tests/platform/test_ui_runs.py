@@ -71,6 +71,8 @@ def test_submit_from_the_form_stores_only_what_was_filled(signed_in, experiment)
     assert response.status_code == 302 and response["Location"] == f"/runs/{run.pk}/"
     assert run.name == "from the form" and run.spec["actor"]["lr"] == 3e-4
     assert run.spec["trainer"]["total_steps"] == 5 and run.created_by.username == "maintainer"
+    page = client.get(response["Location"]).content.decode()
+    assert f"Run {run.pk} submitted." in page and "queued for" not in page  # no stale claim
 
 
 def test_a_stale_form_submitted_again_queues_nothing_new(signed_in, experiment):
