@@ -171,13 +171,15 @@
       draw(box, JSON.parse(box.querySelector("script[type='application/json']").textContent));
     });
     root.dataset.loaded = "true";
-    const diffOnly = document.getElementById("diff-only");
-    const table = document.querySelector("table.diff");
-    if (diffOnly && table) {
-      const apply = () => table.classList.toggle("only-changed", diffOnly.checked);
-      diffOnly.addEventListener("change", apply);
-      apply();
-    }
+    changedOnly(document.getElementById("diff-only"), document.querySelector("table.diff"));
+  }
+
+  /* A checkbox that hides a table's unchanged rows (`tr.same`) while it is ticked. */
+  function changedOnly(checkbox, table) {
+    if (!checkbox || !table) return;
+    const apply = () => table.classList.toggle("only-changed", checkbox.checked);
+    checkbox.addEventListener("change", apply);
+    apply();
   }
 
   /* --- the precision comparison: the error curves, diverged rows only, the first in view ---- */
@@ -187,13 +189,7 @@
       draw(box, JSON.parse(document.getElementById("precision-curves-data").textContent));
       box.dataset.loaded = "true";
     }
-    const only = document.getElementById("diverged-only");
-    const table = document.querySelector("table.precision-rows");
-    if (only && table) {
-      const apply = () => table.classList.toggle("only-changed", only.checked);
-      only.addEventListener("change", apply);
-      apply();
-    }
+    changedOnly(document.getElementById("diverged-only"), document.querySelector("table.precision-rows"));
     const row = document.getElementById("first-divergence-row");
     if (row) row.scrollIntoView({block: "center"});
   }
