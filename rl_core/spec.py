@@ -175,7 +175,8 @@ class ModelConfig(_Strict):
         "tiny:small",
         min_length=1,
         description="Hugging Face model folder, or `tiny:<size>` for the built-in tiny model "
-        "used by tests and CPU runs.",
+        "used by tests and CPU runs (nano, small, base), or `tiny:small-addition`: tiny:small "
+        "after a short SFT on two-digit addition, right about half the time (made on first use).",
     )
     tokenizer_path: str | None = Field(
         None, description="Tokenizer folder; null uses `model.path`."
@@ -756,7 +757,7 @@ class PrecisionConfig(_Strict):
 
 
 class MonitorConfig(_Strict):
-    """Device health metrics logged with the training metrics."""
+    """Device health metrics logged with the training metrics, and samples of the rollouts."""
 
     log_memory: bool = Field(
         True, description="Log each role's allocated and peak device memory every step "
@@ -764,6 +765,17 @@ class MonitorConfig(_Strict):
         "stages (`memory/actor/rollout/peak_gb`, `.../update/peak_gb`, `.../weight_sync/peak_gb`, "
         "`memory/reference/ref_logprob/peak_gb`, ...); the largest over the ranks; on CPU each "
         "process's resident set."
+    )
+    sample_every: int | None = Field(
+        None, ge=0, lt=MAX_INT, description="Every this many steps (and at the first), log a "
+        "table of rollout samples (prompt, response, reward, each reward function's score) as "
+        "the MLflow table artifact `samples/step_<N>.json` (also in the output folder), shown by "
+        "the run page's sample viewer; 0 logs none; null: every 10 steps for GRPO, DAPO and PPO "
+        "(DPO's pairs have no rewards to show: it logs none and refuses a number above 0)."
+    )
+    num_samples: int = Field(
+        4, ge=1, le=64, description="Responses in each sample table: the first response of "
+        "each of the step's first prompts."
     )
 
 
@@ -935,13 +947,24 @@ def _rule_clip_ratios(s: RunSpec) -> Iterator[Violation]:
 
 
 def _rule_data_source(s: RunSpec) -> Iterator[Violation]:
-    """Exactly one of `data.train_files` and `data.synthetic`; DPO files need `chosen_key` and
-    `rejected_key`."""
+    """Exactly one of `data.train_files` and `data.synthetic`, a synthetic task with as many
+    distinct problems as it asks for; DPO files need `chosen_key` and `rejected_key`."""
     d = s.data
     if not d.train_files and d.synthetic is None:
         yield "data.train_files", "no training data: set data.train_files or data.synthetic"
     if d.train_files and d.synthetic is not None:
         yield "data.synthetic", "data.train_files and data.synthetic are both set: remove one"
+    g = d.synthetic
+    if g is not None and g.task in ("addition", "multiplication"):
+        space = (10**g.digits) ** 2  # operands 0 .. 10**digits - 1 (rl_core.data.synthetic)
+        if g.num_train + g.num_val > space:
+            yield (
+                "data.synthetic.num_train",
+                f"only {space} distinct {g.digits}-digit {g.task} problems exist, and "
+                f"num_train + num_val = {g.num_train} + {g.num_val} = "
+                f"{g.num_train + g.num_val} distinct ones are asked for: lower them or raise "
+                "data.synthetic.digits",
+            )
     if s.algorithm == "dpo" and d.train_files:
         for key in ("chosen_key", "rejected_key"):
             if getattr(d, key) is None:
@@ -1241,8 +1264,11 @@ _MSPROBE_PATH = re.compile(r"^[A-Za-z0-9_.:/-]+$")  # what msprobe accepts as a 
 
 def _rule_tools(s: RunSpec) -> Iterator[Violation]:
     """Profiled and dumped steps within the run, ranks within its devices; dump folders that
-    msprobe can write to."""
+    msprobe can write to; rollout samples only where there are rollouts with rewards."""
     total = s.trainer.total_steps
+    if s.algorithm == "dpo" and s.tools.monitor.sample_every:
+        yield ("tools.monitor.sample_every", "DPO logs no rollout samples (its pairs have no "
+               "rewards): remove it or set tools.monitor.sample_every=0")
     for name in ("profiling", "precision"):
         tool = getattr(s.tools, name)
         if not tool.enable:
@@ -1497,10 +1523,50 @@ def resolve_spec(raw: Mapping[str, Any], overrides: Sequence[str] = ()) -> RunSp
         raise SpecError.single(
             "algorithm", f"unknown algorithm {algorithm!r}: choose one of {', '.join(ALGORITHMS)}"
         )
+    merged = _deep_merge(PRESETS[algorithm], data)
     try:
-        return RunSpec.model_validate(_deep_merge(PRESETS[algorithm], data))
+        return RunSpec.model_validate(merged)
     except ValidationError as exc:
-        raise SpecError.from_validation_error(exc) from exc
+        first = SpecError.from_validation_error(exc)
+        rules_ran = any(isinstance(e.get("ctx", {}).get("error"), SpecRuleViolation)
+                        for e in exc.errors())
+        behind = [] if rules_ran else _errors_behind(merged, first.errors)
+        raise SpecError(first.errors + behind) from exc
+
+
+def _errors_behind(data: dict[str, Any], errors: list[dict[str, str]], rounds: int = 3) -> list[dict[str, str]]:
+    """The errors that field errors hide (pydantic checks the rules of a whole spec only once
+    every field is valid): with the fields in error left out (their defaults taken), the spec is
+    checked again, so one answer holds a type error here and a rule broken there."""
+    found: list[dict[str, str]] = []
+    seen = {e["field"] for e in errors}
+    for _ in range(rounds):
+        data = copy.deepcopy(data)
+        if not [_drop(data, field.split(".")) for field in sorted(seen) if field].count(True):
+            return found
+        try:
+            RunSpec.model_validate(data)
+            return found
+        except ValidationError as exc:
+            new = [e for e in SpecError.from_validation_error(exc).errors if e["field"] not in seen]
+        if not new:
+            return found
+        found += new
+        seen |= {e["field"] for e in new}
+    return found
+
+
+def _drop(data: Any, parts: list[str]) -> bool:
+    """Remove the value at a dotted error path (a list item takes its whole list along)."""
+    node = data
+    for i, part in enumerate(parts):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        if i == len(parts) - 1 or not isinstance(node[part], dict):
+            del node[part]
+            return True
+        node = node[part]
+    return False
 
 
 def check_spec_bounds(data: Any) -> None:
@@ -1637,6 +1703,22 @@ def load_spec(path: str | Path, overrides: Sequence[str] = ()) -> RunSpec:
     except OSError as exc:
         raise SpecError.single("", f"{path}: cannot read: {exc.strerror or exc}") from exc
     return resolve_spec(parse_spec_yaml(text, str(path)), overrides)
+
+
+def spec_defaults(algorithm: str = "grpo") -> dict[str, Any]:
+    """Every value a spec of `algorithm` gets when it sets nothing (the preset over the field
+    defaults, as JSON, list defaults included), without the rules that need a whole spec (a
+    spec that sets nothing has no data). What a form shows where the user left a field empty."""
+    preset = PRESETS.get(algorithm, {})
+    values: dict[str, Any] = {}
+    for name, info in RunSpec.model_fields.items():
+        kind = info.annotation
+        if isinstance(kind, type) and issubclass(kind, BaseModel):
+            values[name] = kind.model_validate(preset.get(name, {})).model_dump(mode="json")
+        else:
+            values[name] = preset.get(name, info.get_default(call_default_factory=True))
+    values["algorithm"] = algorithm
+    return values
 
 
 def spec_json_schema() -> dict[str, Any]:

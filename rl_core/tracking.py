@@ -12,6 +12,7 @@ import json
 import logging
 import math
 import os
+import re
 import sys
 import time
 from collections import defaultdict
@@ -45,6 +46,11 @@ class Tracker:
     def log_artifacts(self, local_dir: str | Path, artifact_path: str) -> None:
         self._each("log_artifacts", Path(local_dir), artifact_path)
 
+    def log_table(self, table: Mapping[str, list], artifact_file: str) -> None:
+        """A table (column -> values, all as long) as the JSON table artifact `artifact_file`
+        (MLflow's `log_table` format: {"columns": [...], "data": [[...], ...]})."""
+        self._each("log_table", dict(table), artifact_file)
+
     def finish(self, status: str = "FINISHED") -> None:
         self._each("finish", status)
 
@@ -71,12 +77,21 @@ class FileSink:
     def log_artifacts(self, local_dir, artifact_path):
         pass  # artifacts already live in the output folder
 
+    def log_table(self, table, artifact_file):
+        path = self.metrics_path.parent / artifact_file
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(table_json(table), ensure_ascii=False))
+
     def finish(self, status):
         pass
 
 
+# The start of ConsoleSink's line for a step: the platform reads a run's progress from it.
+STEP_LINE = re.compile(r"^step (\d+): ", re.MULTILINE)
+
+
 class ConsoleSink:
-    """One readable line per logged step, on stderr."""
+    """One readable line per logged step (`step N: key=value ...`), on stderr."""
 
     KEYS = ("reward/mean", "val/accuracy", "actor/sft_loss", "actor/pg_loss", "actor/kl_loss", "actor/entropy",
             "response_length/mean", "perf/tokens_per_s", "timing/step")
@@ -89,6 +104,9 @@ class ConsoleSink:
         print(f"step {step}: " + " ".join(shown), file=sys.stderr, flush=True)
 
     def log_artifacts(self, local_dir, artifact_path):
+        pass
+
+    def log_table(self, table, artifact_file):
         pass
 
     def finish(self, status):
@@ -133,8 +151,17 @@ class MlflowSink:
     def log_artifacts(self, local_dir, artifact_path):
         self.client.log_artifacts(self.run_id, str(local_dir), artifact_path)
 
+    def log_table(self, table, artifact_file):
+        self.client.log_table(self.run_id, data=table, artifact_file=artifact_file)
+
     def finish(self, status):
         self.client.set_terminated(self.run_id, status=status)
+
+
+def table_json(table: Mapping[str, list]) -> dict[str, list]:
+    """A column -> values table in the JSON form MLflow's `log_table` writes."""
+    columns = list(table)
+    return {"columns": columns, "data": [list(row) for row in zip(*(table[c] for c in columns))]}
 
 
 def make_tracker(spec, output_dir: Path, environ: Mapping[str, str] | None = None) -> Tracker:

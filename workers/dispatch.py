@@ -38,6 +38,7 @@ from experiments.models import Attempt, LogChunk, Run
 from experiments.placement import QueuedRun, place
 from experiments.services import IllegalTransition, transition
 from rl_core.paths import POLICY_ENV, check_paths
+from rl_core.tracking import STEP_LINE
 
 log = logging.getLogger("ascent.dispatch")
 
@@ -301,6 +302,9 @@ def read_logs(jobs, attempt: Attempt) -> int:
         if updated:  # a concurrent watcher stored this piece already otherwise
             LogChunk.objects.create(attempt=attempt, offset=attempt.log_offset, text=text)
     attempt.log_offset = offset
+    steps = [int(m) for m in STEP_LINE.findall(text)]
+    if steps:
+        attempt.run.record_progress(max(steps), timezone.now())
     return len(text)
 
 

@@ -1,4 +1,5 @@
-"""Compare runs: overlaid curves of chosen metrics, a spec diff, the same comparison in MLflow."""
+"""Compare runs: overlaid curves of chosen metrics, a table of their final values, a spec diff,
+the same comparison in MLflow."""
 
 from __future__ import annotations
 
@@ -34,6 +35,21 @@ def spec_diff(runs) -> list[dict]:
     return rows
 
 
+def final_metrics(runs, keys: list[str], history: dict) -> list[dict]:
+    """Rows of (metric, the last logged value and its step per run; None where a run has none),
+    with the best of the row marked where the runs differ."""
+    rows = []
+    for key in keys:
+        cells = []
+        for run in runs:
+            points = history.get(run.pk, {}).get(key, [])
+            cells.append({"value": points[-1][1], "step": points[-1][0]} if points else None)
+        values = [c["value"] for c in cells if c]
+        rows.append({"key": key, "cells": cells, "low": min(values) if values else None,
+                     "high": max(values) if values else None})
+    return rows
+
+
 @login_required
 def compare(request):
     ids = _ids(request.GET)
@@ -59,6 +75,7 @@ def compare(request):
         "charts": [{"key": key, "series": [
             {"label": labels[run.pk], "points": tracked["history"].get(run.pk, {}).get(key, [])}
             for run in runs]} for key in keys],
+        "finals": final_metrics(runs, keys, tracked["history"]),
         "diff": spec_diff(runs),
         "untracked": [labels[run.pk] for run in runs if not run.mlflow_run_id],
         "ids": ",".join(str(run.pk) for run in runs),

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
+
 import yaml
 from django.contrib import messages
 from django.contrib.auth import get_user_model
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
-from django.http import QueryDict
+from django.http import QueryDict, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
@@ -16,6 +18,7 @@ from experiments.choices import ACTIVE_STATES, TERMINAL_STATES, RunState
 from experiments.filters import RunFilter
 from experiments.models import Experiment
 from experiments.queries import DEFAULT_ORDER, RUN_ORDERS, order_runs
+from experiments.starter import BUILT_IN_MODELS, DEMO_LINE, DEMO_NAME
 from experiments.tracking import (
     TrackingUnavailable,
     artifact_tree,
@@ -27,6 +30,8 @@ from frontend.views.common import can_write_run, is_htmx, ordered_spec, run_or_4
 from rl_core.spec import PRESETS, SpecError
 
 # The charts of a run's page: (title, metric keys); `prefix/*` collects every key under it.
+# Logged steps with a reward of exactly 0 after which the run page says why nothing is learned.
+ZERO_REWARD_STEPS = 10
 RL_CHARTS = [
     ("Reward", ["reward/mean"]),
     ("KL", ["actor/kl_loss", "actor/ppo_kl"]),
@@ -44,6 +49,17 @@ COMMON_CHARTS = [
     ("Stage timings (s)", ["timing/*"]),
     ("Validation accuracy", ["val/accuracy"]),
 ]
+
+
+def about(run) -> str:
+    """One line on what the run is, where that can be said: the demo, or its built-in model."""
+    spec = run.spec or {}
+    if spec.get("name") == DEMO_NAME:
+        return DEMO_LINE
+    model = (spec.get("model") or {}).get("path", "")
+    if model in BUILT_IN_MODELS:
+        return f"The model {model} is {BUILT_IN_MODELS[model]}."
+    return ""
 
 
 def charts_for(run) -> list[tuple[str, list[str]]]:
@@ -130,6 +146,7 @@ def run_detail(request, pk: int):
         "spec_yaml": yaml.safe_dump(ordered_spec(run.spec), sort_keys=False, allow_unicode=True),
         "charts": charts_for(run),
         "clones": visible_runs(request.user).filter(cloned_from=run).order_by("created_at"),
+        "about": about(run), "zero_reward_steps": ZERO_REWARD_STEPS,
     })
     return render(request, "frontend/run.html", context)
 
@@ -198,6 +215,54 @@ def run_tools(request, pk: int):
     except TrackingUnavailable as exc:
         context["error"] = str(exc)
     return render(request, "frontend/_run_tools.html", context)
+
+
+@login_required
+def run_samples(request, pk: int):
+    """The sample viewer (a partial): the rollout samples the run logged
+    (`tools.monitor.sample_every`: `samples/step_<N>.json` in MLflow), one step at a time,
+    the latest unless `?step=` names another; polled while the run is active."""
+    run = run_or_404(request.user, pk)
+    context = {"run": run, "active": run.state not in TERMINAL_STATES, "error": "", "steps": [],
+               "step": None, "table": None}
+    try:
+        steps = sorted(int(f["path"].rsplit("_", 1)[1].removesuffix(".json"))
+                       for f in artifact_tree(run, "samples", depth=1)
+                       if re.fullmatch(r"samples/step_\d+\.json", f["path"]))
+        asked = request.GET.get("step", "")
+        step = int(asked) if asked.isdigit() and int(asked) in steps else (steps[-1] if steps else None)
+        context.update(steps=steps, step=step, following=not asked.isdigit())
+        if step is not None:
+            table = read_json(run, f"samples/step_{step}.json") or {}
+            columns = table.get("columns", [])
+            numeric = [c.startswith("reward") or c == "response_tokens" for c in columns]
+            context["table"] = {"columns": list(zip(columns, numeric)),
+                                "rows": [list(zip(row, numeric)) for row in table.get("data", [])]}
+    except TrackingUnavailable as exc:
+        context["error"] = str(exc)
+    return render(request, "frontend/_run_samples.html", context)
+
+
+@login_required
+def run_log(request, pk: int):
+    """The run's whole log as a text file: every attempt's job log in order, each after a line
+    naming it (streamed: a long log is never held in memory)."""
+    run = run_or_404(request.user, pk)
+    attempts = list(run.attempts.select_related("cluster").order_by("number"))
+
+    def lines():
+        if not attempts:
+            yield f"Run {run.pk} has not started: no log yet.\n"
+        for attempt in attempts:
+            yield (f"──── run {run.pk}, attempt {attempt.number} on {attempt.cluster.name} "
+                   f"(Ray job {attempt.ray_submission_id}) ────\n")
+            for text in attempt.log_chunks.order_by("offset").values_list("text", flat=True).iterator():
+                yield text
+            yield "\n"
+
+    response = StreamingHttpResponse(lines(), content_type="text/plain; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="run-{run.pk}.log"'
+    return response
 
 
 def _act(request, pk: int, act, done: str):

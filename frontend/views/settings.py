@@ -52,9 +52,14 @@ def _errors(serializer) -> str:
                     for field, texts in serializer.errors.items() for text in texts)
 
 
+# The session key that carries a new token from its POST to the page the browser is sent to
+# (post/redirect/get): shown by that one GET and gone, so a reload creates and shows nothing.
+NEW_TOKEN = "ascent:new-token"
+
+
 @login_required
 def settings_page(request):
-    return _page(request)
+    return _page(request, new_token=request.session.pop(NEW_TOKEN, None))
 
 
 @login_required
@@ -142,7 +147,8 @@ def token_create(request):
                 "expires_in_days": request.POST.get("expires_in_days", "")}
         return _page(request, token_form=form, token_errors=serializer.errors)
     token = serializer.save()
-    return _page(request, new_token=token)
+    request.session[NEW_TOKEN] = {"name": token.name, "raw": token.raw}
+    return redirect(f"{reverse('frontend:settings')}#tokens")
 
 
 @login_required

@@ -15,10 +15,13 @@ from clusters.models import Cluster
 from clusters.services import fitting_clusters
 from experiments import services
 from experiments.limits import RUN_SETTINGS
+from experiments.models import Run
+from experiments.starter import starter_spec
 from frontend import specform
 from frontend.views.common import run_or_404, writable_experiments
+from experiments.queries import visible_runs
 from rl_core.memory_plan import GIB, PHASES
-from rl_core.spec import PRESETS, SpecError, parse_spec_yaml
+from rl_core.spec import PRESETS, SpecError, parse_spec_yaml, resolve_spec
 
 ALGORITHMS = {
     "grpo": "Group-relative advantages, no critic",
@@ -27,7 +30,7 @@ ALGORITHMS = {
     "dpo": "Preference pairs, no rollout reward",
 }
 # The form's fields beside the spec editor; errors at them show at the field.
-SETTING_FIELDS = ("experiment", "cluster", *RUN_SETTINGS)
+SETTING_FIELDS = ("experiment", "cluster", "cloned_from", *RUN_SETTINGS)
 
 
 class Editor:
@@ -65,7 +68,13 @@ class Editor:
                 **{specform.PREFIX + p: v for p, v in self.values.items()}}
         spec, errors = specform.spec_from_form(data)
         self.errors.update(errors)
-        return None if errors else spec
+        if errors:  # the other fields' problems in the same answer, not in a later round
+            try:
+                resolve_spec(spec)
+            except SpecError as exc:
+                self.add([e for e in exc.errors if e["field"] not in errors])
+            return None
+        return spec
 
     def add(self, errors: list[dict]) -> None:
         fields = specform.all_fields()
@@ -82,7 +91,8 @@ class Editor:
 
         def rows(fields):
             return [{"f": f, "value": self.values.get(f.path, ""), "error": self.errors.get(f.path),
-                     "placeholder": specform.display(defaults.get(f.path), f.kind)}
+                     "placeholder": specform.display(defaults[f.path], f.kind)
+                     if f.path in defaults else "unset"}
                     for f in fields]
 
         return {
@@ -137,19 +147,22 @@ def _page(request, editor: Editor, fields: dict | None = None, **extra):
 @login_required
 def submit(request):
     if request.method != "POST":
-        editor, fields = Editor.from_spec({"algorithm": "grpo"}), {}
+        # a new run starts from the starter spec of its algorithm (it runs and learns on a CPU)
+        algorithm = request.GET.get("algorithm")
+        editor = Editor.from_spec(starter_spec(algorithm if algorithm in PRESETS else "grpo"))
+        fields, source = {}, None
         if request.GET.get("clone", "").isdigit():
             source = run_or_404(request.user, int(request.GET["clone"]))
+            # the fields hold what the source's resolved spec has beyond the preset: submitted
+            # unchanged, the clone resolves to exactly the same spec
             spec = specform.minimal(source.spec)
             if source.name:
                 spec["name"] = f"{source.name.removesuffix(' (clone)')} (clone)"
             editor = Editor.from_spec(spec)
             fields = {"experiment": str(source.experiment_id), "priority": str(source.priority),
                       "max_restarts": str(source.max_restarts),
-                      "cluster": str(source.cluster_id or "")}
-        elif request.GET.get("algorithm") in PRESETS:
-            editor = Editor.from_spec({"algorithm": request.GET["algorithm"]})
-        return _page(request, editor, fields)
+                      "cluster": str(source.cluster_id or ""), "cloned_from": str(source.pk)}
+        return _page(request, editor, fields, source=source)
 
     editor = Editor.from_post(request.POST)
     form_errors = {}
@@ -166,9 +179,12 @@ def submit(request):
         cluster = Cluster.objects.filter(pk=_int(request.POST["cluster"])).first()
         if cluster is None:
             form_errors["cluster"] = "This cluster no longer exists: choose another or any."
+    source = None
+    if request.POST.get("cloned_from"):  # the run this form was cloned from, when still visible
+        source = visible_runs(request.user).filter(pk=_int(request.POST["cloned_from"])).first()
     spec = editor.spec()
     if spec is None or form_errors:
-        return _page(request, editor, form_errors=form_errors)
+        return _page(request, editor, form_errors=form_errors, source=source)
 
     key = request.POST.get("key", "").strip()
     submission = services.Submission(
@@ -186,6 +202,8 @@ def submit(request):
                 "yaml": specform.to_yaml(resolved.model_dump(mode="json"))},
                 memory=memory_preview(services.memory_verdict(resolved, cluster)))
         run, created = services.submit_run(experiment, request.user, submission)
+        if created and source is not None:
+            Run.objects.filter(pk=run.pk).update(cloned_from=source)
     except services.MemoryRefusal as exc:
         editor.general.append(str(exc))
         return _page(request, editor, memory=memory_preview(exc.verdict))
@@ -215,6 +233,9 @@ def convert(request):
     what cannot be converted stays where it is, with the reason."""
     editor = Editor.from_post(request.POST)
     target = request.GET.get("to", "form")
+    shown = request.POST.get("shown_algorithm")
+    if editor.mode == "form" and shown in PRESETS and shown != editor.algorithm:
+        editor.values = _restart(editor.values, shown, editor.algorithm)
     spec = editor.spec()
     if spec is not None:
         if target == "yaml":
@@ -227,6 +248,16 @@ def convert(request):
             else:
                 editor = Editor.from_spec(spec, "form")
     return render(request, "frontend/_spec_editor.html", editor.context())
+
+
+def _restart(values: dict[str, str], old: str, new: str) -> dict[str, str]:
+    """The form's texts after the algorithm changed from `old` to `new`: a field still showing
+    `old`'s starter value shows `new`'s (so the starter stays one that runs); the user's own
+    texts stay as they are."""
+    before = specform.form_values(starter_spec(old))
+    after = specform.form_values(starter_spec(new))
+    return {path: after.get(path, "") if text == before.get(path, "") else text
+            for path, text in values.items()}
 
 
 def _int(text, default=None):

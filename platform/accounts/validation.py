@@ -51,6 +51,16 @@ class TokenInput(serializers.ModelSerializer):
         # and the calling token's own expiry) is accounts.tokens.token_expiry.
         self.fields["expires_in_days"].max_value = settings.ASCENT_TOKEN_MAX_DAYS or None
 
+    def validate_name(self, name: str) -> str:
+        """A name tells a user's active tokens apart: it may repeat only a revoked or expired
+        token's name."""
+        user = self.context["request"].user
+        if ApiToken.objects.usable().filter(user=user, name=name).exists():
+            raise serializers.ValidationError(
+                f"You already have an active token named {name!r}: choose another name, or "
+                "revoke that token first.")
+        return name
+
     def validate(self, attrs):
         auth = getattr(self.context["request"], "auth", None)
         parent = auth if isinstance(auth, ApiToken) else None

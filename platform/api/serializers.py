@@ -212,7 +212,8 @@ class RunSerializer(serializers.ModelSerializer):
         fields = ["id", "name", "project", "experiment", "algorithm", "state", "is_terminal",
                   "priority", "device_type", "device_count", "cluster", "max_restarts",
                   "created_by", "cloned_from", "resume_from", "created_at", "updated_at", "started_at",
-                  "finished_at", "mlflow_run_id", "error", "waiting_reason", "attempts", "spec"]
+                  "finished_at", "progress_step", "progress_at", "planned_steps", "mlflow_run_id",
+                  "error", "waiting_reason", "attempts", "spec"]
         read_only_fields = fields
 
 

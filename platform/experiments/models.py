@@ -35,6 +35,19 @@ class Experiment(models.Model):
         return f"{self.project}/{self.name}"
 
 
+def planned_steps(spec: dict) -> int | None:
+    """Training steps of a resolved spec where it says: `trainer.total_steps`, or the epochs of
+    a synthetic task (full batches only, as the loader draws them); None when only the data
+    files would tell."""
+    trainer, data = spec.get("trainer") or {}, spec.get("data") or {}
+    if trainer.get("total_steps"):
+        return int(trainer["total_steps"])
+    synthetic, batch = data.get("synthetic"), data.get("train_batch_size")
+    if synthetic and batch and trainer.get("total_epochs"):
+        return int(synthetic["num_train"]) // int(batch) * int(trainer["total_epochs"])
+    return None
+
+
 class Run(models.Model):
     """One training job: a validated spec, a device request and a state."""
 
@@ -87,6 +100,17 @@ class Run(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # Progress, read from the job's log lines `step N: ...` (rl_core.tracking.STEP_LINE) as the
+    # worker stores them: the last step, when it was seen, and the first step seen and when (the
+    # pace for the ETA, without the start-up before the first step).
+    planned_steps = models.PositiveIntegerField(
+        null=True, blank=True,
+        help_text="Training steps of the whole run where the spec says (null: the data decides).")
+    progress_step = models.PositiveIntegerField(null=True, blank=True,
+                                                help_text="The last training step its job logged.")
+    progress_at = models.DateTimeField(null=True, blank=True)
+    first_step = models.PositiveIntegerField(null=True, blank=True)
+    first_step_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -109,6 +133,31 @@ class Run(models.Model):
     @property
     def project(self) -> Project:
         return self.experiment.project
+
+    @property
+    def progress(self) -> dict | None:
+        """Step N of total, percent and the estimated time left (seconds) where known."""
+        if self.progress_step is None:
+            return None
+        total = self.planned_steps
+        done = self.progress_step
+        eta = None
+        if (total and self.first_step_at and self.progress_at and done > (self.first_step or 0)
+                and not self.is_terminal):
+            pace = (self.progress_at - self.first_step_at).total_seconds() / (done - self.first_step)
+            eta = max(0.0, pace * (total - done))
+        percent = min(100.0, 100.0 * done / total) if total else None
+        return {"step": done, "total": total, "percent": percent, "eta_s": eta}
+
+    def record_progress(self, step: int, at) -> None:
+        """Store a step the job logged (steps only go forward; a restart may repeat some)."""
+        fields = {"progress_step": step, "progress_at": at}
+        if self.first_step_at is None:
+            fields.update(first_step=step, first_step_at=at)
+        if self.progress_step is None or step > self.progress_step:
+            Run.objects.filter(pk=self.pk).update(**fields)
+            for name, value in fields.items():
+                setattr(self, name, value)
 
 
 class Attempt(models.Model):

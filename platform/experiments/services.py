@@ -24,7 +24,7 @@ from clusters.models import Cluster, Node
 from clusters.services import node_memory, path_refusals
 from experiments.choices import ACTIVE_STATES, TERMINAL_STATES, RunState, can_transition
 from experiments.limits import MAX_RESTARTS, PRIORITY
-from experiments.models import Experiment, Run, RunEvent
+from experiments.models import Experiment, Run, RunEvent, planned_steps
 from rl_core import memory_plan as plans
 from rl_core.errors import InputError
 from rl_core.paths import check_paths
@@ -325,6 +325,7 @@ def submit_run(experiment: Experiment, user, submission: Submission) -> tuple[Ru
                 priority=submission.priority,
                 device_type=request["device_type"],
                 device_count=request["device_count"],
+                planned_steps=planned_steps(spec.model_dump(mode="json")),
                 cluster=submission.cluster,
                 max_restarts=submission.max_restarts,
                 created_by=user,

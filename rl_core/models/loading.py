@@ -35,7 +35,7 @@ from transformers.models.auto.modeling_auto import (
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from rl_core.errors import InputError
-from rl_core.models.presets import parse_tiny_path
+from rl_core.models.presets import WARM_BASES, parse_tiny_path
 from rl_core.models.tiny import resolve_tiny
 
 if TYPE_CHECKING:
@@ -85,11 +85,17 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
 
 def resolve_model_path(path: str | Path) -> Path:
     """A local folder for `path`: `tiny:<size>` is built (or found) in the tiny-model cache;
-    anything else is taken as a folder path (`~` expanded). Existence is not checked here."""
+    anything else is taken as a folder path (`~` expanded). Existence is not checked here. A
+    warm start `tiny:<name>` is resolved by the recipes (rl_core.recipes.warm) before this."""
     try:
         size = parse_tiny_path(str(path))
     except ValueError as exc:
         raise ModelLoadError(str(exc)) from None
+    if size in WARM_BASES:  # trained by the SFT recipe, which sits above this module
+        raise ModelLoadError(
+            f"{path}: a warm start, made on first use by the training commands (python -m "
+            "rl_core train / sft / eval, which put its folder in the spec before any model "
+            "loads: rl_core.recipes.warm.with_warm_start); load that folder instead")
     if size is not None:
         return resolve_tiny(size)
     return Path(path).expanduser().absolute()

@@ -36,11 +36,13 @@ from rl_core.data.batch import Batch
 from rl_core.data.partial import PartialRollouts
 from rl_core.errors import InputError, TrainingStopped
 from rl_core.precision import update_data
+from rl_core.recipes.warm import with_warm_start
 from rl_core.roles.group import collect
 from rl_core.spec import RunSpec
 from rl_core.tracking import Timer, Tracker
 
 log = logging.getLogger("rl_core")
+DEFAULT_SAMPLE_EVERY = 10  # tools.monitor.sample_every: null
 
 ALGORITHMS = ("grpo", "dapo", "ppo")
 ACTOR_KEYS = ("input_ids", "attention_mask", "position_ids", "response_mask",
@@ -77,6 +79,7 @@ class RLTrainer:
         if spec.algorithm not in ALGORITHMS:
             raise InputError(f"algorithm: {spec.algorithm} is not trained by the RL recipe; "
                              "use grpo, dapo or ppo (dpo: rl_core.recipes.dpo)")
+        spec = with_warm_start(spec)  # tiny:small-addition: its folder, made on first use
         self.spec = spec
         self.ctl = Controller(spec, backend=backend, device=device)
         self.tokenizer = self.ctl.tokenizer
@@ -143,6 +146,7 @@ class RLTrainer:
         with timer("step"):
             with timer("rollout"):
                 batch, metrics, columns = self.generate_batch(timer)
+            self.log_samples(batch, columns)
             self.dump_stages(batch, columns)
             data = self.prepare_update(batch, columns, timer, metrics)
             self.ctl.dump_data("advantages", {k: data[k] for k in ("advantages", "returns",
@@ -155,6 +159,30 @@ class RLTrainer:
         metrics["perf/tokens_per_s"] = tokens / max(timer.seconds["step"], 1e-9)
         metrics["perf/total_tokens"] = float(tokens)
         return metrics
+
+    def log_samples(self, batch: Batch, columns: Batch) -> None:
+        """Every `tools.monitor.sample_every` steps (and at the first): the first response to
+        each of the step's first `num_samples` prompts, with its reward, as the table artifact
+        `samples/step_<N>.json` (the run page's sample viewer reads it)."""
+        monitor, step = self.spec.tools.monitor, self.step + 1
+        every = DEFAULT_SAMPLE_EVERY if monitor.sample_every is None else monitor.sample_every
+        if not every or (step != 1 and step % every):
+            return
+        index = batch.prompt_index.tolist()
+        rows = [i for i in range(len(index)) if i == 0 or index[i] != index[i - 1]]
+        rows = rows[:monitor.num_samples]
+        decode = lambda ids, mask: self.tokenizer.decode(ids[mask.bool()], skip_special_tokens=True)  # noqa: E731
+        table: dict[str, list] = {
+            "prompt": [decode(batch.prompt_ids[i], batch.prompt_mask[i]) for i in rows],
+            "response": [decode(batch.response_ids[i], batch.response_mask[i]) for i in rows],
+            "reward": [round(float(columns["score"][i]), 6) for i in rows],
+            "response_tokens": [int(batch.response_mask[i].sum()) for i in rows],
+        }
+        for name in self.ctl.rewards.names:  # each reward function's own score, where kept
+            if f"reward_fn/{name}" in columns:
+                table[f"reward/{name}"] = [round(float(columns[f"reward_fn/{name}"][i]), 6)
+                                           for i in rows]
+        self.ctl.tracker.log_table(table, f"samples/step_{step}.json")
 
     def dump_stages(self, batch: Batch, columns: Batch) -> None:
         """The data of the rollout and of the stages after it, in a dumped step

@@ -32,13 +32,13 @@ from rl_core.precision import PrecisionPlan, StageDumper, update_data
 from rl_core.profiling import ProfilePlan, StageProfiler
 from rl_core.rewards import RewardComposer
 from rl_core.spec import RunSpec
-from rl_core.tracking import log_tool_files, make_tracker, memory_metrics
+from rl_core.tracking import Tracker, log_tool_files, make_tracker, memory_metrics
 
 log = logging.getLogger("rl_core")
 
 
 class SFTTrainer:
-    def __init__(self, spec: RunSpec, *, device: str = "cpu"):
+    def __init__(self, spec: RunSpec, *, device: str = "cpu", tracker: Tracker | None = None):
         self.spec, self.device = spec, device
         self.output_dir = Path(spec.trainer.output_dir)
         seed_everything(spec.seed, spec.trainer.deterministic)
@@ -65,7 +65,7 @@ class SFTTrainer:
         self.rollout = rollout_engine("native").from_spec(self.model, self.tokenizer, spec, device)
         self.sampling = SamplingParams.from_config(spec.rollout)
         self.rewards = RewardComposer.from_config(spec.reward)
-        self.tracker = make_tracker(spec, self.output_dir)
+        self.tracker = tracker or make_tracker(spec, self.output_dir)
         self.profiler = StageProfiler("sft", 0)  # tools.profiling: the update of chosen steps
         self.dumper = StageDumper("sft", 0)  # tools.precision: the same
         self.step = 0

@@ -18,7 +18,7 @@ from django.test import Client
 
 from accounts.choices import Role
 from accounts.models import Membership, Project
-from experiments.models import Experiment
+from experiments.models import Experiment, Run
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = os.environ.get("ASCENT_CHROMIUM", "/usr/bin/chromium")
@@ -135,3 +135,26 @@ def local_cluster(ray_head, dispatch_env):
     cluster = Cluster.objects.create(name="local", device_type="cpu", ray_address=ray_head)
     probe(cluster.pk)
     return cluster
+
+
+@pytest.fixture
+def logged(team, mlflow_server, settings):
+    """log(name, metrics, **run fields): a run whose metrics are in the test MLflow server."""
+    from mlflow import MlflowClient
+
+    settings.MLFLOW_TRACKING_URI = mlflow_server
+    client = MlflowClient(tracking_uri=mlflow_server)
+    experiment_id = client.create_experiment(f"logged-{team['experiment'].pk}")
+
+    def log(name: str, metrics: dict[str, list[float]], **fields) -> Run:
+        mlflow_run_id = client.create_run(experiment_id).info.run_id
+        for key, values in metrics.items():
+            for step, value in enumerate(values, start=1):
+                client.log_metric(mlflow_run_id, key, value, step=step)
+        client.set_terminated(mlflow_run_id)
+        return Run.objects.create(
+            experiment=team["experiment"], algorithm="grpo", device_type="cpu", device_count=1,
+            name=name, created_by=team["users"]["owner"], mlflow_run_id=mlflow_run_id,
+            **{"state": "SUCCEEDED", "spec": {"model": {"path": "tiny:nano"}}, **fields})
+
+    return log

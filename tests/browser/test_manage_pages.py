@@ -153,7 +153,15 @@ def test_the_owner_invites_a_member_and_creates_and_revokes_a_token(page, sign_i
     expect(page.get_by_test_id("token-ci-pipeline")).to_contain_text("Active")
     raw = secret.inner_text()
     screenshot(page, "settings")
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"])
+    page.get_by_test_id("copy-token").click()
+    expect(page.get_by_test_id("copy-token")).to_have_text("Copied")
+    assert page.evaluate("navigator.clipboard.readText()") == raw
 
+    page.reload()  # F5 after creating a token creates nothing and shows no secret
+    expect(page.get_by_test_id("token-ci-pipeline")).to_contain_text("Active")
+    expect(page.get_by_test_id("new-token")).to_have_count(0)
+    assert ApiToken.objects.filter(name="ci-pipeline").count() == 1
     page.goto("/settings/")
     expect(page.get_by_test_id("new-token")).to_have_count(0)
     expect(page.locator("body")).not_to_contain_text(raw)

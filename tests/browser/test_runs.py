@@ -7,6 +7,7 @@ head and an MLflow server (tests/stack.py)."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from playwright.sync_api import expect
 
@@ -35,7 +36,7 @@ trainer: {{total_steps: {steps}, save_every: 2}}
 
 
 def field(page, path: str):
-    return page.get_by_label(path, exact=True)
+    return page.locator(f'[name="spec.{path}"]')
 
 
 def open_section(page, name: str) -> None:
@@ -78,6 +79,15 @@ def test_submit_watch_clone_and_compare(page, team, sign_in, worker, local_clust
     expect(reward_chart).to_have_attribute("data-points", re.compile(r"^[1-9]\d*$"), timeout=20_000)
     expect(reward_chart.locator("canvas")).to_have_count(1)
     expect(page.get_by_test_id("log")).to_contain_text("step", timeout=20_000)
+    # the log is searchable and downloadable
+    page.get_by_test_id("log-search").fill("step 4:")
+    expect(page.get_by_test_id("log-matches")).to_contain_text("step 4:")
+    expect(page.get_by_test_id("log")).to_be_hidden()
+    page.get_by_test_id("log-search").fill("")
+    expect(page.get_by_test_id("log")).to_be_visible()
+    with page.expect_download() as download:
+        page.get_by_test_id("log-download").click()
+    assert "step 4:" in Path(download.value.path()).read_text()
     expect(page.get_by_test_id("checkpoints")).to_contain_text("checkpoints/step_4", timeout=20_000)
     expect(page.get_by_test_id("mlflow-link")).to_have_attribute("href", re.compile(first.mlflow_run_id))
     screenshot(page, "run")
@@ -90,11 +100,18 @@ def test_submit_watch_clone_and_compare(page, team, sign_in, worker, local_clust
     page.get_by_role("button", name="Submit run").click()
     expect(page).to_have_url(re.compile(r"/runs/\d+/$"))
     second = Run.objects.exclude(pk=first.pk).get()
-    assert second.spec["actor"]["lr"] == 0.002 and second.spec["model"]["path"] == "tiny:nano"
+    # the clone is the source's resolved spec with the one change, and it links back to it
+    expected = {**first.spec, "name": "ui grpo (clone)",
+                "actor": {**first.spec["actor"], "lr": 0.002}}
+    assert second.spec == expected and second.cloned_from_id == first.pk
+    expect(page.locator("#run-status dd", has_text=f"run #{first.pk}")).to_have_count(1)
     wait_for_state(page, "SUCCEEDED")
+    page.goto(f"/runs/{first.pk}/")  # the source lists its clone
+    expect(page.locator("section", has_text="Clones and restarts")).to_contain_text(f"#{second.pk}")
 
     page.goto("/runs/")
     expect(page.get_by_test_id(f"run-row-{second.pk}")).to_contain_text("Succeeded")
+    expect(page.get_by_test_id(f"progress-{second.pk}")).to_contain_text("step 4 of 4 (100 %)")
     screenshot(page, "runs")
     page.get_by_label(f"Select run {first.pk} to compare").check()
     page.get_by_label(f"Select run {second.pk} to compare").check()
@@ -103,6 +120,10 @@ def test_submit_watch_clone_and_compare(page, team, sign_in, worker, local_clust
     chart = page.get_by_test_id("compare-chart-reward/mean")
     expect(chart).to_have_attribute("data-points", re.compile(r"^[1-9]\d*$"))
     expect(chart.locator(".u-legend")).to_contain_text("ui grpo (clone)")
+    finals = page.get_by_test_id("final-metrics")
+    reward_row = finals.locator("tr", has_text="reward/mean")
+    expect(reward_row.locator("td")).to_have_count(3)
+    expect(reward_row.locator("td").nth(1)).to_contain_text("(4)")  # the last of 4 steps
     diff = page.get_by_test_id("spec-diff")
 
     def row(path):
@@ -133,6 +154,9 @@ def test_cancel_a_running_run_from_its_page(page, team, sign_in, worker, local_c
     expect(page.get_by_test_id("cancel")).to_have_count(0)
     expect(page.get_by_test_id("restart")).to_be_visible()
     expect(page.get_by_test_id("log")).to_have_attribute("data-ended", "true", timeout=20_000)
+    # the job stops cleanly: its log ends with the reason, not with a shutdown traceback
+    log = page.get_by_test_id("log").inner_text()
+    assert "Traceback" not in log, log[-3000:]
 
 
 def test_an_invalid_spec_shows_the_error_at_its_field_and_keeps_the_input(page, team, sign_in):

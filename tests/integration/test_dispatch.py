@@ -69,6 +69,10 @@ def test_a_submitted_run_succeeds_with_metrics_logs_and_a_checkpoint(world, work
     assert logs["attempt"] == 1 and "step 2:" in logs["text"] and logs["complete"]
     more = client.get(f"/api/v1/runs/{run_id}/logs/?offset={logs['offset']}").json()
     assert more["text"] == ""
+    # the worker read the progress from the log's step lines
+    shown = client.get(f"/api/v1/runs/{run_id}/").json()
+    assert (shown["progress_step"], shown["planned_steps"]) == (2, 2) and shown["progress_at"]
+    assert run.progress["step"] == 2 and run.progress["percent"] == 100.0
 
     metrics = client.get(f"/api/v1/runs/{run_id}/metrics/?keys=reward/mean&max_points=10").json()
     assert "reward/mean" in metrics["keys"] and "actor/pg_loss" in metrics["keys"]

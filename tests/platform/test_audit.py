@@ -278,7 +278,8 @@ def test_it_records_ui_member_add_role_change_and_removal(login, project, users)
 
 def test_it_records_ui_token_creation_and_revocation(login, users):
     client = login("owner")
-    html = client.post("/settings/tokens/", {"name": "ci", "expires_in_days": "7"}).content.decode()
+    html = client.post("/settings/tokens/", {"name": "ci", "expires_in_days": "7"},
+                       follow=True).content.decode()
     token = ApiToken.objects.get(name="ci")
     entry = the_entry("token.create", "owner", "token", token.pk, auth="session")
     assert entry.details == {"name": "ci", "expires_in_days": "7"} and token.prefix in html

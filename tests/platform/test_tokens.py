@@ -97,7 +97,9 @@ def test_createtoken_creates_the_user_and_prints_the_token_last(tmp_path):
 
 
 def create(client, **body):
-    return client.post("/api/v1/tokens/", {"name": "ci", **body}, format="json")
+    """A new token, named afresh each time (active tokens of a user have distinct names)."""
+    create.count = getattr(create, "count", 0) + 1
+    return client.post("/api/v1/tokens/", {"name": f"ci-{create.count}", **body}, format="json")
 
 
 def test_it_refuses_a_lifetime_above_the_maximum_naming_the_field_and_limit(clients, settings):

@@ -206,15 +206,35 @@ def test_a_new_token_is_shown_once_and_works(login, users, settings):
     owner = login("owner")
     assert 'name="expires_in_days" value="30"' in owner.get("/settings/").content.decode()
     response = owner.post("/settings/tokens/", {"name": "ci", "expires_in_days": ""})
-    html = response.content.decode()
+    # post/redirect/get: the browser lands on a GET, so a reload sends nothing again
+    assert response.status_code == 302 and response["Location"] == "/settings/#tokens"
+    html = owner.get(response["Location"]).content.decode()
     raw = re.search(r'data-testid="new-token">(asc_[^<]+)<', html).group(1)
-    assert "shown only this once" in html
+    assert "shown only this once" in html and 'data-copy="#new-token"' in html
     token = ApiToken.objects.get(user=users["owner"], name="ci")
     assert timedelta(days=29) < token.expires_at - timezone.now() <= timedelta(days=30)  # the default
     assert bearer(raw).get("/api/v1/me/").json()["username"] == "owner"
 
-    html = owner.get("/settings/").content.decode()
+    html = owner.get("/settings/").content.decode()  # the reload
     assert raw not in html and 'data-testid="token-ci"' in html and token.prefix in html
+    assert ApiToken.objects.filter(user=users["owner"]).count() == 1
+
+
+def test_an_active_token_name_cannot_be_given_twice(login, users, clients):
+    owner = login("owner")
+    owner.post("/settings/tokens/", {"name": "ci", "expires_in_days": "7"})
+    html = owner.post("/settings/tokens/", {"name": "ci", "expires_in_days": "7"}).content.decode()
+    assert "You already have an active token named &#x27;ci&#x27;: choose another name" in html
+    assert 'name="name" value="ci"' in html  # kept, to be changed
+    api = clients["owner"].post("/api/v1/tokens/", {"name": "ci"}, format="json")
+    error = api.json()["errors"][0]
+    assert api.status_code == 400 and error["field"] == "name"
+    assert "already have an active token named 'ci'" in error["message"]
+    # another user may use the name, and so may the owner once the first is revoked
+    assert login("viewer").post("/settings/tokens/", {"name": "ci", "expires_in_days": "7"}).status_code == 302
+    ApiToken.objects.get(user=users["owner"], name="ci").revoke()
+    assert owner.post("/settings/tokens/", {"name": "ci", "expires_in_days": "7"}).status_code == 302
+    assert ApiToken.objects.filter(user=users["owner"], name="ci").count() == 2
 
 
 def test_a_token_that_never_expires_only_where_the_server_allows_it(login, users, settings):
@@ -239,7 +259,7 @@ def test_the_page_limits_how_many_tokens_are_created(login, users, settings):
         **settings.REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"], "token-create": "2/hour"}}
     owner = login("owner")
     for name in ("a", "b"):
-        assert owner.post("/settings/tokens/", {"name": name, "expires_in_days": "7"}).status_code == 200
+        assert owner.post("/settings/tokens/", {"name": name, "expires_in_days": "7"}).status_code == 302
     refused = owner.post("/settings/tokens/", {"name": "c", "expires_in_days": "7"})
     assert refused.status_code == 429 and "Too many new tokens: try again in" in refused.content.decode()
     assert sorted(ApiToken.objects.values_list("name", flat=True)) == ["a", "b"]

@@ -204,3 +204,58 @@ def test_unknown_addresses_are_404s_in_the_shape_of_their_side(client, users, se
     assert page.status_code == 404 and "Nothing here at /no-such-page/" in page.content.decode()
     api = client.get("/api/v1/no-such-endpoint/")
     assert api.status_code == 404 and api.json()["error"] == "not_found"
+
+
+def test_progress_counts_steps_and_estimates_the_time_left(signed_in, experiment, users):
+    from datetime import timedelta
+
+    from experiments.models import planned_steps
+
+    assert planned_steps({"trainer": {"total_steps": 60}}) == 60
+    # epochs of a synthetic task: full batches only
+    assert planned_steps({"trainer": {"total_epochs": 2},
+                          "data": {"synthetic": {"num_train": 100}, "train_batch_size": 16}}) == 12
+    assert planned_steps({"trainer": {"total_epochs": 1}, "data": {"train_files": ["a.jsonl"]}}) is None
+    run = make_run(experiment, users["owner"], state=RunState.RUNNING, name="halfway",
+                   planned_steps=60)
+    assert run.progress is None
+    start = timezone.now()
+    run.record_progress(5, start)  # the first step seen sets the pace's origin
+    run.record_progress(35, start + timedelta(seconds=60))  # 30 steps a minute
+    run.record_progress(20, start + timedelta(seconds=70))  # an older line (a restart): ignored
+    run.refresh_from_db()
+    assert run.progress == {"step": 35, "total": 60, "percent": pytest.approx(58.33, abs=0.01),
+                            "eta_s": pytest.approx(50.0)}
+    html = signed_in("owner").get("/runs/").content.decode()
+    cell = html.split(f'data-testid="progress-{run.pk}"')[1].split("</span></td>")[0]
+    assert "step 35 of 60 (58 %)" in cell and "about 50 s left" in cell
+    page = signed_in("owner").get(f"/runs/{run.pk}/").content.decode()
+    assert "step 35 of 60 (58 %)" in page
+    run.state = RunState.SUCCEEDED
+    assert run.progress["eta_s"] is None  # nothing left to wait for
+
+
+def test_the_log_downloads_as_one_text_file_with_every_attempt(signed_in, experiment, users, cluster):
+    from experiments.models import Attempt, LogChunk
+
+    run = make_run(experiment, users["owner"], state=RunState.RUNNING, name="logged")
+    client = signed_in("viewer")
+    before = client.get(f"/runs/{run.pk}/log.txt")
+    assert b"".join(before.streaming_content).decode() == f"Run {run.pk} has not started: no log yet.\n"
+    for number, texts in ((1, ["step 1: a\n", "killed\n"]), (2, ["resumed from step_1\n"])):
+        attempt = Attempt.objects.create(run=run, number=number, cluster=cluster, device_count=1,
+                                         ray_submission_id=Attempt.submission_id(run.pk, number))
+        offset = 0
+        for text in texts:
+            LogChunk.objects.create(attempt=attempt, offset=offset, text=text)
+            offset += len(text)
+    response = client.get(f"/runs/{run.pk}/log.txt")
+    assert response["Content-Type"] == "text/plain; charset=utf-8"
+    assert response["Content-Disposition"] == f'attachment; filename="run-{run.pk}.log"'
+    text = b"".join(response.streaming_content).decode()
+    first, second = text.split("──── run")[1:]
+    assert first.startswith(f" {run.pk}, attempt 1 on {cluster.name}") and "step 1: a\nkilled\n" in first
+    assert second.startswith(f" {run.pk}, attempt 2") and "resumed from step_1" in second
+    page = client.get(f"/runs/{run.pk}/").content.decode()
+    assert f'href="/runs/{run.pk}/log.txt" download' in page and 'id="log-search"' in page
+    assert signed_in("stranger").get(f"/runs/{run.pk}/log.txt").status_code == 404

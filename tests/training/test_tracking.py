@@ -59,3 +59,32 @@ def test_it_logs_into_a_run_the_platform_created(tmp_path, mlflow_server):
         tracker.log_metrics({"reward/mean": 1.0}, step=attempt)
         tracker.finish()
     assert len(client.get_metric_history(created, "reward/mean")) == 2
+
+
+def test_rollout_samples_are_tables_in_the_output_folder_and_in_mlflow(tmp_path, mlflow_server,
+                                                                        monkeypatch, tiny_cache):
+    from rl_core.recipes.rl import RLTrainer
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
+    spec = resolve_spec({
+        **SPEC, "model": {"path": "tiny:nano"},
+        "data": {"synthetic": {"task": "addition", "digits": 1, "num_train": 16, "num_val": 0},
+                 "train_batch_size": 4, "prompt_template": "plain"},
+        "rollout": {"n_samples_per_prompt": 2, "max_new_tokens": 3},
+        "actor": {"ppo_mini_batch_size": 4, "ppo_micro_batch_size": 8},
+        "trainer": {"total_steps": 3, "output_dir": str(tmp_path), "logger": []},
+        "tools": {"monitor": {"sample_every": 2, "num_samples": 3}}})
+    trainer = RLTrainer(spec)
+    trainer.fit()
+    # the first step and every second one; three prompts each, the first response of each
+    assert sorted(p.name for p in (tmp_path / "samples").iterdir()) == ["step_1.json", "step_2.json"]
+    table = json.loads((tmp_path / "samples" / "step_2.json").read_text())
+    assert table["columns"] == ["prompt", "response", "reward", "response_tokens",
+                                "reward/exact_match"]
+    assert len(table["data"]) == 3 and all(row[0].endswith("=") for row in table["data"])
+    assert all(row[2] in (0.0, 1.0) and 1 <= row[3] <= 3 for row in table["data"])
+    client = MlflowClient(mlflow_server)
+    run_id = trainer.ctl.tracker.mlflow_run_id
+    logged = [a.path for a in client.list_artifacts(run_id, "samples")]
+    assert logged == ["samples/step_1.json", "samples/step_2.json"]
+    assert json.loads(open(client.download_artifacts(run_id, "samples/step_2.json")).read()) == table

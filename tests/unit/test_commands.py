@@ -71,3 +71,25 @@ def test_every_accelerator_example_fits_the_devices_it_names():
     for spec in accelerated:
         result = mp.plan(spec, mp.shape_of(spec))
         assert result.fits, (spec.name, mp.format_table(result))
+
+
+def test_sigterm_stops_the_work_through_its_clean_up_without_a_traceback(capsys):
+    import os
+    import signal
+
+    from rl_core.cli import run_guarded
+
+    cleaned = []
+
+    def work():
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            signal.pause()  # the handler raises before this returns
+        finally:
+            cleaned.append(True)
+
+    before = signal.getsignal(signal.SIGTERM)
+    assert run_guarded(work) == 143 and cleaned == [True]
+    err = capsys.readouterr().err
+    assert "stopped: asked to stop (SIGTERM" in err and "Traceback" not in err
+    assert signal.getsignal(signal.SIGTERM) is before

@@ -71,8 +71,10 @@ def test_bad_shapes_are_refused_with_the_field_named(overrides, message):
 def test_unknown_sizes_list_the_presets():
     with pytest.raises(ValueError, match="nano, small, base"):
         build_tiny("huge")
-    with pytest.raises(ValueError, match="tiny:huge: unknown tiny model size"):
+    with pytest.raises(ValueError, match="tiny:huge: unknown tiny model 'huge'; choose one of "
+                                         "tiny:nano, tiny:small, tiny:base, tiny:small-addition"):
         parse_tiny_path("tiny:huge")
+    assert parse_tiny_path("tiny:small-addition") == "small-addition"
     assert parse_tiny_path("/models/tiny:x") is None
     assert isinstance(TINY_SIZES["small"], TinySize)
 

@@ -559,3 +559,32 @@ def test_cli_schema_and_docs():
 def test_importing_the_spec_does_not_import_torch():
     code = "import rl_core.spec, sys; assert 'torch' not in sys.modules, 'torch was imported'"
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=60)
+
+
+@pytest.mark.parametrize("task", ["addition", "multiplication"])
+def test_a_synthetic_task_asking_more_problems_than_exist_is_refused_at_submit(task):
+    from rl_core.data.datasets import DataError
+    from rl_core.data.synthetic import synthetic_splits
+
+    fits = {"algorithm": "grpo", "data": {"synthetic": {"task": task, "digits": 1,
+                                                        "num_train": 68, "num_val": 32}}}
+    resolve_spec(fits)  # exactly the 100 problems of one digit
+    synthetic_splits(task, num_train=68, num_val=32, seed=0, digits=1)
+    fits["data"]["synthetic"]["num_train"] = 69
+    with pytest.raises(SpecError) as refused:
+        resolve_spec(fits)
+    assert refused.value.errors == [{"field": "data.synthetic.num_train", "message": (
+        f"only 100 distinct 1-digit {task} problems exist, and num_train + num_val = 69 + 32 = "
+        "101 distinct ones are asked for: lower them or raise data.synthetic.digits")}]
+    with pytest.raises(DataError, match="only 100 distinct problems"):  # what the job would say
+        synthetic_splits(task, num_train=69, num_val=32, seed=0, digits=1)
+
+
+def test_dpo_refuses_rollout_samples_it_cannot_log_but_keeps_the_default():
+    spec = resolve_spec({"algorithm": "dpo", "data": {"synthetic": {}}})  # null: none for DPO
+    assert spec.tools.monitor.sample_every is None
+    with pytest.raises(SpecError, match="tools.monitor.sample_every: DPO logs no rollout samples"):
+        resolve_spec({"algorithm": "dpo", "data": {"synthetic": {}},
+                      "tools": {"monitor": {"sample_every": 5}}})
+    resolve_spec({"algorithm": "dpo", "data": {"synthetic": {}},
+                  "tools": {"monitor": {"sample_every": 0}}})

@@ -24,7 +24,7 @@ def test_every_leaf_of_the_schema_has_one_field():
 @pytest.mark.parametrize("algorithm", sorted(PRESETS))
 def test_a_resolved_spec_survives_the_form_both_ways(algorithm):
     raw = {"algorithm": algorithm, "name": "round trip",
-           "data": {"synthetic": {"task": "addition", "digits": 1}},
+           "data": {"synthetic": {"task": "addition", "digits": 2}},
            "actor": {"lr": 3e-4}, "reward": {"functions": [{"name": "exact_match"}]},
            "trainer": {"total_steps": 7, "logger": ["console"]}}
     resolved = resolve_spec(raw).model_dump(mode="json")
@@ -50,3 +50,27 @@ def test_placeholders_follow_the_preset():
     assert specform.defaults("grpo")["actor.use_kl_loss"] is True
     assert specform.defaults("dapo")["actor.clip_ratio_high"] == PRESETS["dapo"]["actor"]["clip_ratio_high"]
     assert specform.display(True, "boolean") == "true" and specform.display(None, "number") == ""
+
+
+@pytest.mark.parametrize("algorithm", sorted(PRESETS))
+def test_a_clone_of_a_spec_whose_synthetic_task_is_all_defaults_keeps_the_task(algorithm):
+    # every value of data.synthetic equals its field's default, yet the section is set: a
+    # clone that dropped it would have no training data
+    resolved = resolve_spec({"algorithm": algorithm, "data": {"synthetic": {}}}).model_dump(mode="json")
+    minimal = specform.minimal(resolved)
+    assert minimal["data"]["synthetic"]["task"] == "addition"
+    assert resolve_spec(minimal).model_dump(mode="json") == resolved
+
+
+def test_defaults_are_the_values_an_empty_field_sends():
+    grpo = specform.defaults("grpo")
+    # list and object defaults are known (no "none" where the default is a list)
+    assert grpo["trainer.logger"] == ["console"]
+    assert grpo["reward.functions"] == [{"name": "math_accuracy", "weight": 1.0, "kwargs": {},
+                                         "in_process": None}]
+    assert grpo["tools.profiling.steps"] == [2] and grpo["data.train_files"] == []
+    # a section that is off by default has no defaults for its fields: it is absent
+    assert grpo["data.synthetic"] is None and "data.synthetic.task" not in grpo
+    resolved = resolve_spec({"data": {"synthetic": {"digits": 2}}}).model_dump(mode="json")
+    assert specform.minimal(resolved) == {"algorithm": "grpo", "data": {"synthetic": {
+        "task": "addition", "digits": 2, "num_train": 256, "num_val": 32}}}

@@ -26,6 +26,16 @@
     return [steps, ...columns];
   }
 
+  const STEP_INCREMENTS = [1, 2, 5, 10, 20, 25, 50, 100, 200, 250, 500, 1e3, 2e3, 2.5e3, 5e3, 1e4, 2e4, 5e4, 1e5, 2e5, 5e5, 1e6];
+
+  /* The y range: uPlot's own, except for a flat series, which it would stretch to 0–100 (a
+     reward of 0 at every step): 0–1 for zeros, 10 % either side otherwise. */
+  function yRange(u, min, max) {
+    if (min === null || max === null) return [0, 1];
+    if (min === max) return min === 0 ? [0, 1] : [min - Math.abs(min) * 0.1, max + Math.abs(max) * 0.1];
+    return uPlot.rangeNum(min, max, 0.1, true);
+  }
+
   /* Tick labels with as many decimals as the tick spacing needs (tiny KLs, flat entropies). */
   function ticks(u, splits) {
     if (splits.length < 2) return splits.map(v => String(v));
@@ -39,11 +49,45 @@
     return splits.map(v => v.toFixed(decimals));
   }
 
+  const short = v => (v === null || v === undefined ? "—" : String(Number(v.toPrecision(4))));
+
+  /* What a chart shows, as text: each series' last value, minimum and maximum (the summary,
+     also the plot's accessible name), and every point in a table (the "Table view"). */
+  function describe(box, shown, data) {
+    const plot = box.querySelector(".plot");
+    const title = (box.querySelector("h3") || {}).textContent || "Metric";
+    const summary = shown.map(s => {
+      const values = s.points.map(p => p[1]);
+      const last = s.points[s.points.length - 1];
+      return `${s.label}: last ${short(last[1])} at step ${last[0]}, min ${short(Math.min(...values))}, ` +
+        `max ${short(Math.max(...values))} (${s.points.length} step${s.points.length === 1 ? "" : "s"})`;
+    }).join("; ");
+    if (plot && plot.hasAttribute("role")) plot.setAttribute("aria-label", shown.length ? `${title} chart: ${summary}` : "No values yet");
+    const line = box.querySelector("[data-chart-summary]");
+    if (line) line.textContent = summary;
+    const holder = box.querySelector("[data-chart-table]");
+    if (!holder) return;
+    const table = document.createElement("table");
+    const head = table.createTHead().insertRow();
+    [box.dataset.xlabel || "step", ...shown.map(s => s.label)].forEach(text => {
+      const th = document.createElement("th"); th.textContent = text; th.scope = "col"; head.appendChild(th);
+    });
+    const body = table.createTBody();
+    (data[0] || []).forEach((step, i) => {
+      const row = body.insertRow();
+      [step, ...data.slice(1).map(column => column[i])].forEach((value, j) => {
+        const cell = row.insertCell(); cell.className = "num"; cell.textContent = j ? short(value) : String(value);
+      });
+    });
+    holder.replaceChildren(table);
+  }
+
   /* Draw (or redraw) one chart in `box` (.chart element); sets box.dataset.points. */
   function draw(box, series) {
     const plot = box.querySelector(".plot");
     const shown = series.filter(s => s.points.length);
     box.dataset.points = String(shown.reduce((n, s) => n + s.points.length, 0));
+    describe(box, shown, shown.length ? align(shown) : []);
     if (!shown.length || typeof uPlot === "undefined") {
       plot.innerHTML = '<div class="none">No values yet</div>';
       box._uplot = null;
@@ -51,20 +95,35 @@
     }
     const data = align(shown);
     const labels = shown.map(s => s.label).join("|");
-    if (box._uplot && box._labels === labels) { box._uplot.setData(data); return; }
+    const latest = u => u.setLegend({idx: u.data[0].length - 1});  // the legend's values when not hovered
+    if (box._uplot && box._labels === labels) { box._uplot.setData(data); latest(box._uplot); return; }
     if (box._uplot) box._uplot.destroy();
     plot.innerHTML = "";
     box._labels = labels;
     box._uplot = new uPlot({
-      width: Math.max(plot.clientWidth || box.clientWidth - 16, 280), height: 200,
-      scales: {x: {time: false}},
-      axes: [{label: box.dataset.xlabel || "step"}, {size: 64, values: ticks}],
+      width: Math.max(Math.min(plot.clientWidth || box.clientWidth - 16, window.innerWidth - 48), 240), height: 200,
+      scales: {x: {time: false}, y: {range: yRange}},
+      // steps are whole numbers: no ticks between them
+      axes: [{label: box.dataset.xlabel || "step", incrs: STEP_INCREMENTS}, {size: 64, values: ticks}],
       cursor: {drag: {x: true, y: false}},
+      hooks: {setCursor: [u => { if (u.cursor.idx === null || u.cursor.idx === undefined) latest(u); }]},
       series: [{label: box.dataset.xlabel || "step"}, ...shown.map((s, i) => ({
         label: s.label, stroke: PALETTE[i % PALETTE.length], width: 1.6, spanGaps: true,
         points: {show: s.points.length < 40},
       }))],
     }, data, plot);
+    latest(box._uplot);
+  }
+
+  /* A run whose reward stayed exactly 0 for many logged steps gets a hint: the model never
+     produced a rewarded answer, so the gradient is zero and nothing is learned. */
+  function zeroRewardHint(points) {
+    const hint = document.getElementById("zero-reward");
+    if (!hint) return;
+    const after = Number(hint.dataset.steps);
+    const stuck = points.length >= after && points.every(p => p[1] === 0);
+    hint.hidden = !stuck;
+    if (stuck) hint.querySelector("[data-count]").textContent = String(points.length);
   }
 
   /* --- a run's page: charts of its metrics, refreshed while it is active -------------------- */
@@ -90,6 +149,9 @@
           draw(box, keys.map(k => ({label: k, points: history[k] || []})));
         });
         root.dataset.loaded = "true";
+        const empty = document.querySelector("[data-no-metrics]");
+        if (empty) empty.hidden = !(ended && boxes.every(box => box.hidden));
+        zeroRewardHint(history["reward/mean"] || []);
         if (note) {
           note.innerHTML = "";
           if (index.mlflow_url) {
@@ -121,6 +183,22 @@
 
     const ANSI = /\u001b\[[0-9;?]*[A-Za-z]/g;  // colour codes of Ray's log prefixes
 
+    // the search box shows only the lines that hold its text (in a second pane, so the full log
+    // keeps streaming underneath)
+    const search = document.getElementById("log-search");
+    const matches = document.getElementById("log-matches");
+    function filter() {
+      if (!search || !matches) return;
+      const needle = search.value.trim().toLowerCase();
+      pre.hidden = Boolean(needle);
+      matches.hidden = !needle;
+      if (!needle) return;
+      const lines = pre.textContent.split("\n").filter(line => line.toLowerCase().includes(needle));
+      matches.textContent = lines.length ? lines.join("\n") : `No line holds “${search.value.trim()}”.`;
+      matches.dataset.count = String(lines.length);
+    }
+    if (search) search.addEventListener("input", filter);
+
     function append(text) {
       text = text.replace(ANSI, "");
       const atBottom = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 20;
@@ -128,6 +206,7 @@
       if (content.length > MAX) content = "…" + content.slice(-MAX);
       pre.textContent = content;
       if (atBottom) pre.scrollTop = pre.scrollHeight;
+      filter();
     }
 
     function open() {
@@ -194,11 +273,23 @@
     if (row) row.scrollIntoView({block: "center"});
   }
 
+  /* On a phone the navigation folds behind the Menu button. */
+  function menuToggle() {
+    const button = document.querySelector(".menu-toggle");
+    if (!button) return;
+    button.addEventListener("click", () => {
+      const open = button.closest(".topbar").classList.toggle("open");
+      button.setAttribute("aria-expanded", String(open));
+    });
+  }
+
   function copyButtons() {
     document.querySelectorAll("[data-copy]").forEach(button => button.addEventListener("click", () => {
-      const text = document.querySelector(button.dataset.copy).textContent;
-      const done = () => { button.textContent = "Copied"; setTimeout(() => { button.textContent = "Copy YAML"; }, 1500); };
-      if (navigator.clipboard) navigator.clipboard.writeText(text).then(done, () => {});
+      const text = document.querySelector(button.dataset.copy).textContent.trim();
+      const label = button.textContent;
+      const say = (words) => { button.textContent = words; setTimeout(() => { button.textContent = label; }, 1500); };
+      if (navigator.clipboard) navigator.clipboard.writeText(text).then(() => say("Copied"), () => say("Copy refused: select the text"));
+      else say("Select the text to copy");
     }));
   }
 
@@ -251,6 +342,7 @@
     if (compare) compareCharts(compare);
     if (document.getElementById("precision-rows-box") || document.getElementById("precision-charts")) precisionPage();
     copyButtons();
+    menuToggle();
     barWidths(document);
     const submitForm = document.getElementById("submit-form");
     if (submitForm) keepFormKey(submitForm);

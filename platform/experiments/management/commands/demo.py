@@ -1,8 +1,9 @@
 """`python manage.py demo`: submit the demo GRPO run and follow it (what `make run` shows).
 
-Waits for the web server, MLflow and the Ray head to answer, submits a short GRPO run on a tiny
-model (built on first use) into the project `demo` as the admin user, prints its state changes
-and where to look, then stays up: `make run`'s process manager stops everything when any of its
+Waits for the web server, MLflow and the Ray head to answer, submits a short GRPO run on the
+warm start `tiny:small-addition` (experiments.starter: a tiny model after a short SFT, made on
+first use) into the project `demo` as the admin user, prints its state changes and where to
+look, then stays up: `make run`'s process manager stops everything when any of its
 processes ends, so the demo must not.
 """
 
@@ -23,19 +24,9 @@ from clusters.models import Cluster
 from experiments.choices import TERMINAL_STATES
 from experiments.models import Experiment, Run
 from experiments.services import Submission, submit_run
+from experiments.starter import DEMO_NAME, starter_spec
 
-DEMO_SPEC = {
-    "algorithm": "grpo",
-    "name": "demo-grpo-tiny",
-    "seed": 1,
-    "model": {"path": "tiny:small"},
-    "data": {"synthetic": {"task": "addition", "digits": 1, "num_train": 64, "num_val": 32},
-             "prompt_template": "plain", "train_batch_size": 8, "val_batch_size": 32},
-    "rollout": {"n_samples_per_prompt": 8, "max_new_tokens": 4},
-    "actor": {"lr": 1e-3, "ppo_mini_batch_size": 8, "ppo_micro_batch_size": 64},
-    "reward": {"functions": [{"name": "exact_match"}, {"name": "format_lenient", "weight": 0.1}]},
-    "trainer": {"total_steps": 30, "save_every": 10, "eval_every": 10},
-}
+DEMO_SPEC = {**starter_spec("grpo"), "name": DEMO_NAME}
 
 
 def _digest(spec: dict) -> str:

@@ -1,0 +1,60 @@
+"""The built-in warm start `tiny:small-addition` (rl_core.recipes.warm): an SFT of tiny:small made
+on first use, right part of the time, built once when several callers ask at once, and tracked
+nowhere but in its own folder (never in the MLflow run of the run that asked for it)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+
+import pytest
+
+from rl_core.models.loading import ModelLoadError, load_model_and_tokenizer, resolve_model_path
+from rl_core.recipes.warm import resolve_warm, warm_cache_key, with_warm_start
+from rl_core.spec import resolve_spec
+
+
+def test_the_warm_start_is_built_once_and_is_right_part_of_the_time(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("ASCENT_CACHE_DIR", str(tmp_path))
+    # a tracking server that does not answer: the SFT must not try to log to it
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")
+    monkeypatch.setenv("MLFLOW_RUN_ID", "the-run-that-asked")
+    folders, errors = [], []
+
+    def resolve():
+        try:
+            folders.append(resolve_warm("small-addition"))
+        except Exception as exc:  # reported below
+            errors.append(exc)
+
+    with caplog.at_level(logging.INFO, logger="rl_core"):
+        callers = [threading.Thread(target=resolve) for _ in range(2)]
+        for caller in callers:
+            caller.start()
+        for caller in callers:
+            caller.join(timeout=600)
+    assert errors == [] and len(folders) == 2 and folders[0] == folders[1]
+    folder = folders[0]
+    assert folder == tmp_path / "tiny" / warm_cache_key("small-addition")
+    assert sum("building tiny:small-addition" in r.getMessage() for r in caplog.records) == 1
+    record = json.loads((folder / "warm.json").read_text())
+    assert record["name"] == "tiny:small-addition"
+    assert 0.15 < record["val_accuracy"] < 0.85, record["val_accuracy"]  # part of the time
+    assert not (folder / "trainer_state.pt").exists()  # weights and tokenizer only
+    assert [p.name for p in tmp_path.joinpath("tiny").iterdir() if p.name.startswith(".")
+            and not p.name.endswith(".lock")] == []  # no staging folder left behind
+    model, tokenizer = load_model_and_tokenizer(folder)
+    assert model.config.hidden_size == 128 and tokenizer.eos_token
+    assert resolve_warm("small-addition") == folder  # cached: no second build
+    # the recipes put the folder in the spec; loading the name itself says where it comes from
+    spec = resolve_spec({"model": {"path": "tiny:small-addition"}, "data": {"synthetic": {}}})
+    assert with_warm_start(spec).model.path == str(folder)
+    assert with_warm_start(spec).data == spec.data and spec.model.path == "tiny:small-addition"
+    with pytest.raises(ModelLoadError, match="a warm start, made on first use by the training"):
+        resolve_model_path("tiny:small-addition")
+
+
+def test_an_unknown_warm_start_names_the_choices():
+    with pytest.raises(ModelLoadError, match="tiny:small-addition"):
+        resolve_model_path("tiny:small-subtraction")
