@@ -1,19 +1,18 @@
 #!/usr/bin/env python3
-"""Run the test suite as three tiers side by side, or one pytest when arguments narrow it.
+"""Run the test suite as two tiers side by side, or one pytest when arguments narrow it.
 
-    python scripts/test_tiers.py                 # the whole suite: three tiers at once
+    python scripts/test_tiers.py                 # the whole suite: two tiers at once
     python scripts/test_tiers.py tests/unit -x   # a plain pytest with these arguments
 
-The two training tiers (tests/training, tests/ray: rl_core in-process and on a local Ray,
-compute-bound; `ray` holds the multi-process tests, whose time is mostly process start-up and
-collective waits, `training` the rest) and the service tier (everything else: PostgreSQL,
-Redis, a Celery worker, a Ray head started by `ray start`, MLflow, Chromium, mostly waiting on
-I/O) share no fixture and no state, so they run as pytest processes at once; the suite takes
-about as long as the longest tier instead of all. The training tiers run without REDIS_URL:
-their tests use no Redis, and they must not clear the service tier's rate-limit keys. Each tier
-writes its report to a log beside the suite and the reports are printed when all have ended,
-with a progress line per tier every minute meanwhile. The exit status is the first non-zero
-tier status, 0 when all pass.
+The training tier (tests/training, tests/ray: rl_core on a local Ray, compute-bound) and the
+service tier (everything else: PostgreSQL, Redis, a Celery worker, a Ray head started by
+`ray start`, MLflow, Chromium, mostly waiting on I/O) share no fixture and no state, so they
+run as two pytest processes at once; the suite takes about as long as the longer tier instead
+of both (a third process, splitting the training tier, was slower on 2 cores: its tests are
+compute-bound and contend for the same cores). The training tier runs without REDIS_URL: its tests use no Redis, and it must not clear
+the service tier's rate-limit keys. Each tier writes its report to a log beside the suite and
+the two are printed when both have ended, with a progress line per tier every minute meanwhile.
+The exit status is the first non-zero tier status, 0 when both pass.
 """
 
 from __future__ import annotations
@@ -27,9 +26,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAINING = ["tests/training", "tests/ray"]
-# The multi-process part of TRAINING: Ray actors, torch.distributed process groups, vLLM.
-RAY = ["tests/ray", "tests/training/test_determinism.py", "tests/training/test_distributed.py",
-       "tests/training/test_vllm.py", "tests/training/test_partial_rollout.py"]
 PROGRESS_EVERY_S = 60
 
 
@@ -50,9 +46,7 @@ def main(argv: list[str]) -> int:
     logs = Path(tempfile.mkdtemp(prefix="ascent-tests-"))
     training_env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
     tiers = {
-        "training": (pytest("-q", *TRAINING, *(f"--ignore={path}" for path in RAY)),
-                     training_env),
-        "ray": (pytest("-q", *RAY), training_env),
+        "training": (pytest("-q", *TRAINING), training_env),
         "service": (pytest("-q", *(f"--ignore={path}" for path in TRAINING)), dict(os.environ)),
     }
     started = time.monotonic()
@@ -62,7 +56,7 @@ def main(argv: list[str]) -> int:
         with log.open("w") as out:
             running[name] = (subprocess.Popen(command, cwd=ROOT, env=env, stdout=out,
                                               stderr=subprocess.STDOUT), log)
-    print(f"[tests] {len(tiers)} tiers at once, reports in {logs}: "
+    print(f"[tests] two tiers at once, reports in {logs}: "
           + "; ".join(f"{n}: {' '.join(tiers[n][0][3:])}" for n in tiers), flush=True)
     status: dict[str, int] = {}
     report_at = started + PROGRESS_EVERY_S

@@ -21,7 +21,7 @@ from tests.browser.test_runs import field, wait_for_state
 
 pytestmark = pytest.mark.django_db(transaction=True)
 # The warm start's SFT (about a minute on 2 cores, once per machine) and the run itself.
-LEARN_TIMEOUT_MS = 420_000
+LEARN_TIMEOUT_MS = 600_000
 
 
 def test_the_default_form_submits_as_it_is_and_the_run_learns(page, team, sign_in, worker,
@@ -32,7 +32,7 @@ def test_the_default_form_submits_as_it_is_and_the_run_learns(page, team, sign_i
     expect(field(page, "model.path")).to_have_value(STARTER_MODEL)
     expect(field(page, "data.synthetic.task")).to_have_value("addition")
     page.get_by_label("Run name").fill("learns")
-    field(page, "trainer.total_steps").fill("20")
+    field(page, "trainer.total_steps").fill("10")
     page.get_by_role("button", name="Submit run").click()
 
     expect(page).to_have_url(re.compile(r"/runs/\d+/$"))
@@ -43,19 +43,19 @@ def test_the_default_form_submits_as_it_is_and_the_run_learns(page, team, sign_i
     history = run_metrics(run, ["val/accuracy", "reward/mean"])["history"]
     accuracy = [value for _, value, *_ in history["val/accuracy"]]
     rewards = [value for _, value, *_ in history["reward/mean"]]
-    # validation at steps 0, 10 and 20: the base is right part of the time and GRPO improves it
-    assert len(accuracy) == 3 and 0.1 < accuracy[0] < 0.9, accuracy
+    # validation at steps 0 and 10: the base is right part of the time and GRPO improves it
+    assert len(accuracy) == 2 and 0.1 < accuracy[0] < 0.9, accuracy
     assert accuracy[-1] > accuracy[0], accuracy
-    assert len(rewards) == 20 and max(rewards) > 0, rewards
+    assert len(rewards) == 10 and max(rewards) > 0, rewards
     expect(page.get_by_test_id("zero-reward")).to_be_hidden()
-    expect(page.get_by_test_id("chart-0")).to_have_attribute("data-points", "20", timeout=20_000)
+    expect(page.get_by_test_id("chart-0")).to_have_attribute("data-points", "10", timeout=20_000)
     screenshot(page, "run-learns")
 
     # the sample viewer: prompts, responses and rewards of the logged steps (1, then every 10)
     samples = page.get_by_test_id("samples")
-    expect(samples.locator("caption")).to_have_text("Samples of step 20", timeout=20_000)
+    expect(samples.locator("caption")).to_have_text("Samples of step 10", timeout=20_000)
     expect(samples.locator("tbody tr")).to_have_count(4)
-    expect(page.get_by_test_id("sample-step").locator("option")).to_have_text(["1", "10", "20"])
+    expect(page.get_by_test_id("sample-step").locator("option")).to_have_text(["1", "10"])
     page.get_by_test_id("sample-step").select_option("1")
     expect(samples.locator("caption")).to_have_text("Samples of step 1")
     first = samples.locator("tbody tr").first
