@@ -777,6 +777,17 @@ class MonitorConfig(_Strict):
         4, ge=1, le=64, description="Responses in each sample table: the first response of "
         "each of the step's first prompts."
     )
+    system_metrics_interval: float = Field(
+        10.0, ge=0, le=3600, description="Seconds between samples of the resources of the node "
+        "that runs the training controller: CPU and memory use, disk and network, and on NVIDIA "
+        "GPUs (with nvidia-ml-py, the `cuda` extra) each GPU's utilisation, memory and power, "
+        "logged to the run's MLflow run as MLflow's system metrics "
+        "(`system/cpu_utilization_percentage`, `system/gpu_0_utilization_percentage`, ...: "
+        "MLflow's System metrics tab, the run page's Resources charts). 0 turns it off; "
+        "otherwise at least 0.1. Needs MLFLOW_TRACKING_URI (nothing is sampled without "
+        "MLflow). Ascend NPUs are not sampled (MLflow has no NPU monitor), and on a cluster of "
+        "several nodes only the controller's node is."
+    )
 
 
 class ToolsConfig(_Strict):
@@ -1269,6 +1280,9 @@ def _rule_tools(s: RunSpec) -> Iterator[Violation]:
     if s.algorithm == "dpo" and s.tools.monitor.sample_every:
         yield ("tools.monitor.sample_every", "DPO logs no rollout samples (its pairs have no "
                "rewards): remove it or set tools.monitor.sample_every=0")
+    if 0 < s.tools.monitor.system_metrics_interval < 0.1:
+        yield ("tools.monitor.system_metrics_interval", f"{s.tools.monitor.system_metrics_interval}"
+               " s is too often to sample the node: use 0 (off) or at least 0.1")
     for name in ("profiling", "precision"):
         tool = getattr(s.tools, name)
         if not tool.enable:

@@ -3,7 +3,8 @@
 `make_tracker(spec, output_dir)` returns one object with `log_params`, `log_metrics`,
 `log_artifacts` and `finish`. A local `metrics.jsonl` is always written under the run's output
 folder; MLflow is used whenever `MLFLOW_TRACKING_URI` is set, and `MLFLOW_RUN_ID` makes the run
-log into a run the platform created beforehand.
+log into a run the platform created beforehand. With MLflow, the node's resources are sampled
+into the run as MLflow's system metrics (`tools.monitor.system_metrics_interval`).
 """
 
 from __future__ import annotations
@@ -114,10 +115,11 @@ class ConsoleSink:
 
 
 class MlflowSink:
-    """Logs into one MLflow run through the client API (no global active-run state)."""
+    """Logs into one MLflow run through the client API (no global active-run state), and
+    samples the node's resources into it every `system_metrics_interval` seconds (0: never)."""
 
     def __init__(self, tracking_uri: str, experiment_name: str, run_name: str | None,
-                 run_id: str | None, tags: Mapping[str, str]):
+                 run_id: str | None, tags: Mapping[str, str], system_metrics_interval: float = 0):
         from mlflow.tracking import MlflowClient
 
         self.client = MlflowClient(tracking_uri)
@@ -130,6 +132,8 @@ class MlflowSink:
                              else self.client.create_experiment(experiment_name))
             run = self.client.create_run(experiment_id, run_name=run_name, tags=dict(tags))
             self.run_id = run.info.run_id
+        self.monitor = (start_system_metrics(self.run_id, tracking_uri, system_metrics_interval)
+                        if system_metrics_interval > 0 else None)
 
     def log_params(self, params):
         from mlflow.entities import Param
@@ -155,7 +159,26 @@ class MlflowSink:
         self.client.log_table(self.run_id, data=table, artifact_file=artifact_file)
 
     def finish(self, status):
+        if self.monitor is not None:  # before the run ends: its last samples are sent first
+            self.monitor.finish()
+            self.monitor = None
         self.client.set_terminated(self.run_id, status=status)
+
+
+def start_system_metrics(run_id: str, tracking_uri: str, interval_s: float):
+    """MLflow's system-metrics sampler for the run (CPU, memory, disk, network; NVIDIA GPUs
+    where nvidia-ml-py is installed), started; None when it cannot start (training goes on).
+    A restarted attempt continues the samples' steps after the last one of the run."""
+    try:
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+        monitor = SystemMetricsMonitor(run_id, sampling_interval=interval_s, resume_logging=True,
+                                       tracking_uri=tracking_uri)
+        monitor.start()
+    except Exception as exc:  # noqa: BLE001 - resource charts are never worth a failed run
+        log.warning("not sampling the node's resources: %s", exc)
+        return None
+    return monitor
 
 
 def table_json(table: Mapping[str, list]) -> dict[str, list]:
@@ -173,7 +196,8 @@ def make_tracker(spec, output_dir: Path, environ: Mapping[str, str] | None = Non
     if uri:
         name = spec.trainer.experiment_name or spec.trainer.project_name or "rl_core"
         tags = {"rl_core.algorithm": spec.algorithm, "attempt": env.get("ASCENT_ATTEMPT", "1")}
-        sinks.append(MlflowSink(uri, name, spec.name, env.get("MLFLOW_RUN_ID"), tags))
+        sinks.append(MlflowSink(uri, name, spec.name, env.get("MLFLOW_RUN_ID"), tags,
+                                system_metrics_interval=spec.tools.monitor.system_metrics_interval))
         log.info("tracking to MLflow run %s at %s", sinks[-1].run_id, uri)
     elif "mlflow" in spec.trainer.logger:
         log.info("MLFLOW_TRACKING_URI is not set: metrics go to %s only", output_dir / "metrics.jsonl")

@@ -169,7 +169,8 @@ def ensure_tracking(run: Run) -> str:
         type(experiment).objects.filter(pk=experiment.pk).update(mlflow_experiment_id=experiment_id)
         experiment.mlflow_experiment_id = experiment_id
     run_id = client.create_run(experiment.mlflow_experiment_id, run.name or f"run-{run.pk}",
-                               {"ascent.run": str(run.pk), "ascent.algorithm": run.algorithm})
+                               {"ascent.run": str(run.pk), "ascent.algorithm": run.algorithm,
+                                **notes_tags(run)})
     # Only the first writer wins: a concurrent launch reuses what is stored.
     Run.objects.filter(pk=run.pk, mlflow_run_id="").update(mlflow_run_id=run_id)
     return Run.objects.values_list("mlflow_run_id", flat=True).get(pk=run.pk)
@@ -348,6 +349,19 @@ def fail_or_restart(run: Run, attempt: Attempt, reason: str, *, retryable: bool)
                       message=f"attempt {attempt.number} failed")
     _terminate_tracking(run, "FAILED")
     return False
+
+
+def notes_tags(run: Run) -> dict[str, str]:
+    """The MLflow tags that carry a run's note and tags: the note is the MLflow run's
+    description (`mlflow.note.content`, shown on its page), the tags one comma-separated tag."""
+    return {"mlflow.note.content": run.note, "ascent.tags": ", ".join(run.tag_names)}
+
+
+def sync_notes(run_id: int) -> None:
+    """Copy the run's current note and tags to its MLflow run (after an edit)."""
+    run = Run.objects.prefetch_related("tags").get(pk=run_id)
+    if run.mlflow_run_id:
+        tracking().set_tags(run.mlflow_run_id, notes_tags(run))
 
 
 def _terminate_tracking(run: Run, status: str) -> None:

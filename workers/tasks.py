@@ -1,7 +1,8 @@
 """Celery tasks: thin shims around workers.dispatch (the domain services).
 
 Periodic (beat): schedule_runs, watch_runs, reconcile_runs, probe_clusters, purge_audit_log. On
-demand: the API queues schedule_runs after a submit and stop_run after a cancel, by name
+demand: the API queues schedule_runs after a submit, stop_run after a cancel and sync_run_notes
+after a change of a run's tags or note, by name
 (`ascent.celery.send`), so the web process imports none of this.
 """
 
@@ -42,6 +43,14 @@ def stop_run(run_id: int) -> None:
     from workers import dispatch
 
     dispatch.stop(run_id)
+
+
+@app.task(name="workers.tasks.sync_run_notes", autoretry_for=(Exception,), retry_backoff=5,
+          max_retries=5)
+def sync_run_notes(run_id: int) -> None:
+    from workers import dispatch
+
+    dispatch.sync_notes(run_id)
 
 
 @app.task(name="workers.tasks.reconcile_runs")

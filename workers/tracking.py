@@ -73,6 +73,13 @@ class Tracking:
             run = self._client.create_run(experiment_id, run_name=run_name, tags=dict(tags or {}))
             return run.info.run_id
 
+    def set_tags(self, run_id: str, tags: Mapping[str, str]) -> None:
+        """Set (or overwrite) tags of the run, in one request."""
+        from mlflow.entities import RunTag
+
+        with self._errors(f"set the tags of run {run_id}"):
+            self._client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+
     def set_terminated(self, run_id: str, status: str = "FINISHED") -> None:
         """End the run with one of TERMINAL_STATUSES."""
         if status not in TERMINAL_STATUSES:

@@ -11,13 +11,14 @@ from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.http import QueryDict, StreamingHttpResponse
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from experiments import services
 from experiments.choices import ACTIVE_STATES, TERMINAL_STATES, RunState
 from experiments.filters import RunFilter
-from experiments.models import Experiment
-from experiments.queries import DEFAULT_ORDER, RUN_ORDERS, order_runs
+from experiments.models import Experiment, RunTag
+from experiments.queries import DEFAULT_ORDER, RUN_ORDERS, is_order, order_runs
 from experiments.starter import BUILT_IN_MODELS, DEMO_LINE, DEMO_NAME
 from experiments.tracking import (
     TrackingUnavailable,
@@ -26,12 +27,14 @@ from experiments.tracking import (
     read_json,
     run_metrics,
 )
+from experiments.validation import (MAX_TAGS, NOTE_MAX_CHARS, TAG_MAX_CHARS, RunNotesInput,
+                                    split_tags)
 from frontend.views.common import can_write_run, is_htmx, ordered_spec, run_or_404, visible_runs
 from rl_core.spec import PRESETS, SpecError
 
-# The charts of a run's page: (title, metric keys); `prefix/*` collects every key under it.
 # Logged steps with a reward of exactly 0 after which the run page says why nothing is learned.
 ZERO_REWARD_STEPS = 10
+# The charts of a run's page: (title, metric keys); `prefix/*` collects every key under it.
 RL_CHARTS = [
     ("Reward", ["reward/mean"]),
     ("KL", ["actor/kl_loss", "actor/ppo_kl"]),
@@ -48,6 +51,15 @@ COMMON_CHARTS = [
     ("Throughput (tokens/s)", ["perf/tokens_per_s"]),
     ("Stage timings (s)", ["timing/*"]),
     ("Validation accuracy", ["val/accuracy"]),
+]
+# The node's resources while the run trained (MLflow's system metrics, `tools.monitor.
+# system_metrics_interval`), drawn against the time since the run's first sample; `*` matches
+# any run of characters (a device number).
+RESOURCE_CHARTS = [
+    ("CPU (%)", ["system/cpu_utilization_percentage"]),
+    ("Memory (%)", ["system/system_memory_usage_percentage"]),
+    ("Device utilisation (%)", ["system/gpu_*_utilization_percentage"]),
+    ("Device memory (%)", ["system/gpu_*_memory_usage_percentage"]),
 ]
 
 
@@ -92,10 +104,38 @@ def run_filter_data(params, states: list[str]) -> QueryDict:
     """The page's filters in the terms of the API's run filter (`q` is its `search`)."""
     data = QueryDict(mutable=True)
     data.setlist("state", states)
-    for name in ("experiment", "creator", "algorithm"):
+    for name in ("experiment", "creator", "algorithm", "tag"):
         data[name] = params.get(name, "")
     data["search"] = params.get("q", "").strip()
     return data
+
+
+# The runs table's columns: (sort key or "" for none, header, numeric).
+RUN_COLUMNS = [
+    ("run", "Run", False), ("state", "State", False), ("progress", "Progress", False),
+    ("algorithm", "Algorithm", False), ("experiment", "Experiment", False),
+    ("creator", "Creator", False), ("devices", "Devices", True), ("submitted", "Submitted", False),
+    ("finished", "Finished", False), ("ran", "Ran", True),
+]
+# Sorting by these columns starts with the largest (newest, longest) first.
+_DESCENDING_FIRST = {"progress", "devices", "submitted", "finished", "ran"}
+
+
+def column_headers(params, sort: str) -> list[dict]:
+    """Each column's header: its link sorts by it (again: the other way), `aria_sort` says
+    how the table is sorted now. The newest-first default is the submitted column, descending."""
+    current = {"newest": "-submitted", "oldest": "submitted", "name": "run", "state": "state"}.get(sort, sort)
+    query = params.copy()
+    query.pop("page", None)
+    headers = []
+    for key, label, numeric in RUN_COLUMNS:
+        first = f"-{key}" if key in _DESCENDING_FIRST else key
+        shown = current.removeprefix("-") == key
+        query["sort"] = ((key if current.startswith("-") else f"-{key}") if shown else first)
+        headers.append({"label": label, "numeric": numeric, "href": f"?{query.urlencode()}",
+                        "aria_sort": ("descending" if current.startswith("-") else "ascending")
+                        if shown else "none"})
+    return headers
 
 
 @login_required
@@ -107,20 +147,24 @@ def run_list(request):
     states, unknown = chosen_states(params)
     runs = visible_runs(request.user).defer("spec")  # a table shows no spec
     runs = RunFilter(run_filter_data(params, states), queryset=runs).qs
-    sort = params.get("sort") if params.get("sort") in RUN_ORDERS else DEFAULT_ORDER
-    page = Paginator(order_runs(runs, sort), 50).get_page(params.get("page"))
+    sort = params.get("sort", "") if is_order(params.get("sort", "")) else DEFAULT_ORDER
+    page = Paginator(order_runs(runs.prefetch_related("tags"), sort), 50).get_page(params.get("page"))
     visible = visible_runs(request.user)
     context = {
         "page": page, "sort": sort, "sorts": list(RUN_ORDERS), "query": params.get("q", "").strip(),
+        "headers": column_headers(params, sort),
+        "tags": RunTag.objects.filter(run__in=visible).order_by("name")
+        .values_list("name", flat=True).distinct()[:200],
         "states": [(s.value, s.label) for s in RunState], "algorithms": list(PRESETS),
         "active": ",".join(sorted(ACTIVE_STATES)),
         "chosen": {"state": ",".join(sorted(states)), "experiment": params.get("experiment", ""),
-                   "creator": params.get("creator", ""), "algorithm": params.get("algorithm", "")},
+                   "creator": params.get("creator", ""), "algorithm": params.get("algorithm", ""),
+                   "tag": params.get("tag", "")},
         "experiments": Experiment.objects.filter(runs__in=visible).distinct()
         .select_related("project").order_by("project__name", "name"),
         "creators": get_user_model().objects.filter(runs__in=visible).distinct()
         .order_by("username").values_list("username", flat=True),
-        "filtered": any(params.get(k) for k in ("state", "experiment", "creator", "algorithm", "q")),
+        "filtered": any(params.get(k) for k in ("state", "experiment", "creator", "algorithm", "tag", "q")),
         "unknown_states": unknown,
     }
     template = "frontend/_runs_table.html" if is_htmx(request) else "frontend/runs.html"
@@ -138,24 +182,68 @@ def _detail_context(request, run) -> dict:
     }
 
 
-@login_required
-def run_detail(request, pk: int):
-    run = run_or_404(request.user, pk)
+def _run_page(request, run, status: int = 200, **extra):
     context = _detail_context(request, run)
     context.update({
         "spec_yaml": yaml.safe_dump(ordered_spec(run.spec), sort_keys=False, allow_unicode=True),
-        "charts": charts_for(run),
+        "charts": charts_for(run), "resource_charts": RESOURCE_CHARTS,
         "clones": visible_runs(request.user).filter(cloned_from=run).order_by("created_at"),
         "about": about(run), "zero_reward_steps": ZERO_REWARD_STEPS,
+        "notes_form": {"tags": ", ".join(run.tag_names), "note": run.note},
+        "tag_limits": {"chars": TAG_MAX_CHARS, "count": MAX_TAGS, "note": NOTE_MAX_CHARS},
+        **extra,
     })
-    return render(request, "frontend/run.html", context)
+    return render(request, "frontend/run.html", context, status=status)
+
+
+@login_required
+def run_detail(request, pk: int):
+    return _run_page(request, run_or_404(request.user, pk))
+
+
+def _notes_errors(serializer, tags: list[str]) -> dict[str, list[str]]:
+    """The form's errors by its two fields; an error of one tag names that tag."""
+    errors: dict[str, list[str]] = {}
+    for field, detail in serializer.errors.items():
+        if isinstance(detail, dict):  # {index: [message]} of single tags
+            messages_ = [f"“{tags[int(i)]}”: {m}" for i, ms in detail.items() for m in ms]
+        else:
+            messages_ = [str(m) for m in detail]
+        errors.setdefault("tags" if field == "tags" else "note", []).extend(messages_)
+    return errors
+
+
+@login_required
+@require_POST
+def run_notes(request, pk: int):
+    """Save the run's tags (one field, separated by commas) and note; the page again on an
+    error, with what was typed and the errors at their fields."""
+    run = run_or_404(request.user, pk)
+    if not can_write_run(request.user, run):
+        messages.error(request, "Viewers cannot change runs: ask a project owner for the "
+                                "maintainer role.")
+        return redirect("frontend:run", pk=run.pk)
+    typed = {"tags": request.POST.get("tags", ""), "note": request.POST.get("note", "")}
+    tags = split_tags(typed["tags"])
+    serializer = RunNotesInput(data={"tags": tags, "note": typed["note"]})
+    if not serializer.is_valid():
+        return _run_page(request, run, status=400, notes_form=typed,
+                         notes_errors=_notes_errors(serializer, tags), notes_open=True)
+    services.annotate_run(run, **serializer.validated_data)
+    messages.success(request, f"Run {run.pk}: tags and note saved.")
+    return redirect(f"{reverse('frontend:run', args=[run.pk])}#notes")
 
 
 @login_required
 def run_status(request, pk: int):
-    """The state header and timeline, polled by the run's page while the run is active."""
+    """The state header and timeline, polled by the run's page while the run is active. The
+    answer that finds the run ended triggers `run-ended`: the checkpoints, samples and stage
+    times load once more, with what the run logged at its end."""
     run = run_or_404(request.user, pk)
-    return render(request, "frontend/_run_status.html", _detail_context(request, run))
+    response = render(request, "frontend/_run_status.html", _detail_context(request, run))
+    if run.is_terminal:  # the last poll: the page's other polled parts load once more
+        response["HX-Trigger"] = "run-ended"
+    return response
 
 
 @login_required

@@ -1,4 +1,5 @@
-"""Settings: the members of your projects, invitations to join one, and your API tokens.
+"""Settings: your projects (new ones, their experiments and members), invitations to join one,
+and your API tokens.
 
 Input is checked by accounts.validation and the throttle of accounts.throttling, and the rules
 are applied by accounts.services: the same code as the REST API's, so the page and the API accept
@@ -11,7 +12,7 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
-from django.db.models import Prefetch
+from django.db.models import Count, Prefetch
 from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
@@ -23,18 +24,25 @@ from accounts.models import ApiToken, Invitation, Membership
 from accounts.queries import visible_projects
 from accounts.throttling import TokenCreateThrottle
 from accounts.validation import InviteInput, RoleInput, TokenInput
-from experiments.services import DomainError
+from experiments.models import Experiment
+from experiments.services import DomainError, RequestError, create_experiment
+from frontend.forms import ExperimentForm, ProjectForm
 
 
-def _page(request, status=200, **extra):
+def _page(request, status=200, experiment_form=None, **extra):
+    """The settings page; `experiment_form`: (project id, a bound ExperimentForm with errors)."""
     projects = list(visible_projects(request.user).distinct().prefetch_related(
-        Prefetch("memberships", Membership.objects.select_related("user").order_by("user__username"))))
+        Prefetch("memberships", Membership.objects.select_related("user").order_by("user__username")),
+        Prefetch("experiments", Experiment.objects.annotate(run_count=Count("runs")).order_by("name"))))
     for project in projects:
         project.manageable = project.can_admin(request.user)
+        project.writable = project.can_write(request.user)
         project.pending = (project.invitations.filter(state=InvitationState.PENDING)
                            if project.manageable else [])
+        project.experiment_form = (experiment_form[1] if experiment_form and experiment_form[0] == project.pk
+                                   else ExperimentForm())
     context = {
-        "projects": projects, "roles": Role.choices,
+        "projects": projects, "roles": Role.choices, "project_form": ProjectForm(),
         "invitations": membership_rules.pending_invitations_of(request.user).select_related(
             "project", "invited_by"),
         "tokens": ApiToken.objects.filter(user=request.user),
@@ -50,6 +58,41 @@ def _errors(serializer) -> str:
     """A serializer's errors as one sentence per field, e.g. 'role: "x" is not a valid choice.'"""
     return " ".join(f"{field}: {text}" if field != "non_field_errors" else str(text)
                     for field, texts in serializer.errors.items() for text in texts)
+
+
+@login_required
+@require_POST
+def project_create(request):
+    """A new project with the user as its owner (anyone signed in may create one)."""
+    form = ProjectForm(request.POST)
+    if not form.is_valid():
+        return _page(request, status=400, project_form=form, project_open=True)
+    project = membership_rules.create_project(request.user, **form.cleaned_data)
+    messages.success(request, f"Created the project {project.name}; you are its owner. Add an "
+                              "experiment to it to submit runs.")
+    return redirect(f"{reverse('frontend:settings')}#project-{project.name}")
+
+
+@login_required
+@require_POST
+def experiment_create(request, pk):
+    """A new experiment in one of the user's projects (owners and maintainers)."""
+    project = get_object_or_404(visible_projects(request.user).distinct(), pk=pk)
+    back = f"{reverse('frontend:settings')}#project-{project.name}"
+    form = ExperimentForm(request.POST)
+    if form.is_valid():
+        try:
+            experiment = create_experiment(project, request.user, **form.cleaned_data)
+        except PermissionDenied as exc:
+            messages.error(request, str(exc))
+            return redirect(back)
+        except RequestError as exc:
+            form.add_error(exc.field, str(exc))
+        else:
+            messages.success(request, f"Created the experiment {project.name}/{experiment.name}: "
+                                      "runs can be submitted to it now.")
+            return redirect(back)
+    return _page(request, status=400, experiment_form=(project.pk, form))
 
 
 # The session key that carries a new token from its POST to the page the browser is sent to

@@ -1,5 +1,6 @@
-"""Membership rules, shared by the REST API and the web UI: who may manage a project's members,
-that people join only by accepting an invitation, and that a project always keeps an owner."""
+"""Project and membership rules, shared by the REST API and the web UI: who owns a new project,
+who may manage a project's members, that people join only by accepting an invitation, and that a
+project always keeps an owner."""
 
 from __future__ import annotations
 
@@ -11,6 +12,14 @@ from django.utils import timezone
 from accounts.choices import InvitationState, Role
 from accounts.models import Invitation, Membership, Project
 from experiments.services import DomainError  # the platform's one "conflicts with the state" error
+
+
+def create_project(user, name: str, description: str = "") -> Project:
+    """A new project with `user` as its owner (anyone signed in may create one)."""
+    with transaction.atomic():
+        project = Project.objects.create(name=name, description=description)
+        Membership.objects.create(project=project, user=user, role=Role.OWNER)
+    return project
 
 
 def require_owner(project: Project, user) -> None:

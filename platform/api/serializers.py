@@ -19,6 +19,7 @@ from clusters.models import ROOT_FIELDS, Cluster, Node, normalize_roots
 from clusters.services import cluster_capacity
 from experiments.limits import MAX_RESTARTS, PRIORITY
 from experiments.models import Attempt, Experiment, Run, RunEvent
+from experiments.validation import RunNotesInput
 from rl_core.spec import SpecError, check_spec_bounds, override_refusal
 
 User = get_user_model()
@@ -206,6 +207,8 @@ class RunSerializer(serializers.ModelSerializer):
     cluster = serializers.SlugRelatedField(slug_field="name", read_only=True)
     attempts = AttemptSerializer(many=True, read_only=True)
     is_terminal = serializers.BooleanField(read_only=True)
+    tags = serializers.ListField(source="tag_names", child=serializers.CharField(), read_only=True,
+                                 help_text="The run's tags, sorted (PATCH the run to change them).")
 
     class Meta:
         model = Run
@@ -213,25 +216,33 @@ class RunSerializer(serializers.ModelSerializer):
                   "priority", "device_type", "device_count", "cluster", "max_restarts",
                   "created_by", "cloned_from", "resume_from", "created_at", "updated_at", "started_at",
                   "finished_at", "progress_step", "progress_at", "planned_steps", "mlflow_run_id",
-                  "error", "waiting_reason", "attempts", "spec"]
+                  "error", "waiting_reason", "tags", "note", "attempts", "spec"]
         read_only_fields = fields
 
 
+class RunNotesSerializer(StrictInputMixin, RunNotesInput):
+    """A run's new tags and/or note (PATCH); keys left out keep what the run has."""
+
+
+# What a page of runs leaves out: the large fields (see each run for them).
+LEFT_OUT_OF_LISTS = ("spec", "attempts", "note")
+
+
 class RunListSerializer(RunSerializer):
-    """The list view leaves out the spec and attempts to keep pages small."""
+    """The list view leaves out the spec, the attempts and the note to keep pages small."""
 
     # The related columns the list shows; everything else of those rows stays unread.
     related_columns = ("experiment__project_id", "created_by__username", "cluster__name")
 
     class Meta(RunSerializer.Meta):
-        fields = [f for f in RunSerializer.Meta.fields if f not in ("spec", "attempts")]
+        fields = [f for f in RunSerializer.Meta.fields if f not in LEFT_OUT_OF_LISTS]
         read_only_fields = fields
 
     @classmethod
     def columns(cls) -> list[str]:
-        """What a list query selects (`QuerySet.only`): the run's columns but its spec, and
-        the related ones shown."""
-        own = [f.name for f in Run._meta.concrete_fields if f.name != "spec"]
+        """What a list query selects (`QuerySet.only`): the run's columns but its spec and note,
+        and the related ones shown."""
+        own = [f.name for f in Run._meta.concrete_fields if f.name not in LEFT_OUT_OF_LISTS]
         return [*own, *cls.related_columns]
 
     def to_representation(self, instance):

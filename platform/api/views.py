@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from django.db import transaction
 from django.db.models import Count
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
@@ -20,8 +19,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts import services as membership_rules
-from accounts.choices import InvitationState, Role
-from accounts.models import ApiToken, Invitation, Membership, Project
+from accounts.choices import InvitationState
+from accounts.models import ApiToken, Invitation, Project
 from accounts.queries import visible_projects
 from accounts.throttling import TokenCreateThrottle
 from api import run_data
@@ -105,9 +104,9 @@ class ProjectViewSet(viewsets.ModelViewSet):
         return visible_projects(self.request.user).distinct()
 
     def perform_create(self, serializer):
-        with transaction.atomic():
-            project = serializer.save()
-            Membership.objects.create(project=project, user=self.request.user, role=Role.OWNER)
+        data = serializer.validated_data
+        serializer.instance = membership_rules.create_project(
+            self.request.user, data["name"], data.get("description", ""))
 
     def perform_destroy(self, instance):
         services.ensure_no_active_runs(Run.objects.filter(experiment__project=instance), "project")
@@ -190,10 +189,9 @@ class ExperimentViewSet(viewsets.ModelViewSet):
         )
 
     def perform_create(self, serializer):
-        project = serializer.validated_data["project"]
-        if not project.can_write(self.request.user):
-            raise PermissionDenied("Viewers cannot create experiments: ask an owner for the maintainer role.")
-        serializer.save(created_by=self.request.user)
+        data = serializer.validated_data
+        serializer.instance = services.create_experiment(
+            data["project"], self.request.user, data["name"], data.get("description", ""))
 
     def perform_destroy(self, instance):
         services.ensure_no_active_runs(instance.runs.all(), "experiment")
@@ -225,7 +223,8 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):
             return Run.objects.none()
-        runs = visible_runs(self.request.user).select_related("experiment", "created_by", "cluster")
+        runs = (visible_runs(self.request.user).select_related("experiment", "created_by", "cluster")
+                .prefetch_related("tags"))
         if self.action == "list":
             return runs.only(*s.RunListSerializer.columns())
         if self.action == "retrieve":
@@ -256,6 +255,18 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
         run, created = services.submit_run(experiment, request.user, submission)
         return Response(s.RunSerializer(run).data,
                         status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+    @extend_schema(summary="Change a run's tags or note", request=s.RunNotesSerializer,
+                   responses={200: s.RunSerializer, **ERRORS})
+    def partial_update(self, request, pk=None):
+        """Replace the run's tags and/or its note, in any state (owners and maintainers); a key
+        left out keeps what the run has. MLflow's copy (the run's description and its
+        `ascent.tags` tag) follows within seconds."""
+        run = self.get_object()
+        serializer = s.RunNotesSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        run = services.annotate_run(run, **serializer.validated_data)
+        return Response(s.RunSerializer(run).data)
 
     @extend_schema(request=s.RunValidateSerializer,
                    responses={200: s.ValidationResultSerializer, 400: ERRORS[400]})

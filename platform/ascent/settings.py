@@ -182,6 +182,9 @@ NODE_MODULES = BASE_DIR / "frontend" / "node_modules"
 STATICFILES_DIRS = [
     ("vendor/htmx", NODE_MODULES / "htmx.org" / "dist"),
     ("vendor/uplot", NODE_MODULES / "uplot" / "dist"),
+    # a colour emoji font for glyphs the system fonts lack (the 🏃 and 🧪 that MLflow prints in
+    # run logs): the browser loads only the subsets a page uses (unicode-range)
+    ("vendor/noto-color-emoji", NODE_MODULES / "@fontsource" / "noto-color-emoji"),
 ]
 
 # The web UI signs people in with Django sessions; the API also accepts bearer tokens.

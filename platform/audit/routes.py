@@ -64,6 +64,7 @@ MEMBER_OPS = {"add": "add", "role": "role_change", "remove": "remove"}
 ROUTES: dict[str, Route] = {
     # REST API
     "run-list": Route("run", {"POST": "submit"}, create=True),
+    "run-detail": Route("run", UPDATE, keep=("tags",)),
     "run-cancel": Route("run", "cancel"),
     "run-clone": Route("run", "clone", create=True),
     "run-restart": Route("run", "restart", create=True),
@@ -86,6 +87,9 @@ ROUTES: dict[str, Route] = {
     "frontend:submit": Route("run", "submit", create=True),
     "frontend:run-cancel": Route("run", "cancel"),
     "frontend:run-restart": Route("run", "restart", create=True),
+    "frontend:run-notes": Route("run", "update", keep=("tags",)),
+    "frontend:project-create": Route("project", "create", create=True, keep=("name",)),
+    "frontend:experiment-create": Route("experiment", "create", create=True, keep=("name",)),
     "frontend:node-action": Route("node", {"drain": "drain", "undrain": "undrain"}, verb_from="action"),
     "frontend:member-action": Route("member", MEMBER_OPS, key="username", from_body=True,
                                     verb_from="op", made={"member": "", "invitation": "invite"},

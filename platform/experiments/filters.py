@@ -12,7 +12,7 @@ from drf_spectacular.utils import extend_schema_field
 
 from experiments.choices import RunState
 from experiments.models import Run
-from experiments.queries import ID_MAX, search_runs
+from experiments.queries import ID_MAX, search_runs, tagged
 
 
 class IdField(forms.IntegerField):
@@ -50,9 +50,11 @@ class RunFilter(django_filters.FilterSet):
     created_before = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="lt")
     search = django_filters.CharFilter(
         method="filter_search",
-        help_text="Words that must each appear in the run's or its experiment's name; a word "
-                  "such as 12 or #12 also matches run 12.",
+        help_text="Words that must each appear in the run's or its experiment's name or in one "
+                  "of its tags; a word such as 12 or #12 also matches run 12.",
     )
+    tag = django_filters.CharFilter(
+        method="filter_tags", help_text="A tag (any case); repeat to match runs that have each.")
 
     class Meta:
         model = Run
@@ -60,3 +62,9 @@ class RunFilter(django_filters.FilterSet):
 
     def filter_search(self, queryset, name, value):
         return search_runs(queryset, value)
+
+    def filter_tags(self, queryset, name, value):
+        tags = self.data.getlist(name) if hasattr(self.data, "getlist") else [value]
+        for tag in filter(str.strip, tags):
+            queryset = queryset.filter(tagged(tag))
+        return queryset

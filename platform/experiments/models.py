@@ -92,6 +92,8 @@ class Run(models.Model):
     )
     mlflow_run_id = models.CharField(max_length=64, blank=True)
     error = models.TextField(blank=True)
+    note = models.TextField(blank=True, help_text="What the run is for or what it showed, in "
+                            "the words of the people working on it; editable at any time.")
     waiting_reason = models.CharField(
         max_length=500, blank=True,
         help_text="Why a queued run is not placed yet (capacity, an unreachable cluster, ...).",
@@ -149,6 +151,11 @@ class Run(models.Model):
         percent = min(100.0, 100.0 * done / total) if total else None
         return {"step": done, "total": total, "percent": percent, "eta_s": eta}
 
+    @property
+    def tag_names(self) -> list[str]:
+        """The run's tags by name (from a prefetched `tags` where there is one)."""
+        return sorted((tag.name for tag in self.tags.all()), key=str.casefold)
+
     def record_progress(self, step: int, at) -> None:
         """Store a step the job logged (steps only go forward; a restart may repeat some)."""
         fields = {"progress_step": step, "progress_at": at}
@@ -158,6 +165,21 @@ class Run(models.Model):
             Run.objects.filter(pk=self.pk).update(**fields)
             for name, value in fields.items():
                 setattr(self, name, value)
+
+
+class RunTag(models.Model):
+    """A label on a run (`baseline`, `lr-sweep`, `paper`): runs are found and grouped by them."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="tags")
+    name = models.CharField(max_length=40)
+
+    class Meta:
+        ordering = ["name"]  # not by run: a prefetch of tags would join the runs for their order
+        constraints = [models.UniqueConstraint(fields=["run", "name"], name="unique_run_tag")]
+        indexes = [models.Index(fields=["name"])]
+
+    def __str__(self) -> str:
+        return self.name
 
 
 class Attempt(models.Model):

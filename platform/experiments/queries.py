@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from django.db.models import Q, QuerySet
+from django.db.models import DurationField, ExpressionWrapper, F, FloatField, Q, QuerySet
 
 from accounts.models import Membership
-from experiments.models import Run
+from experiments.models import Run, RunTag
 
 ID_MAX = 2**63 - 1  # PostgreSQL bigint; every id column fits in it
-# The orders a run list offers, by name; each ends with the id so that pages are stable.
+# The orders a run list offers by name; each ends with the id so that pages are stable.
 RUN_ORDERS = {
     "newest": ("-created_at", "-id"),
     "oldest": ("created_at", "-id"),
@@ -17,6 +17,27 @@ RUN_ORDERS = {
     "state": ("state", "-id"),
 }
 DEFAULT_ORDER = "newest"
+# The columns a run table sorts by (its headers): `<column>` ascending, `-<column>` descending;
+# empty values (a run not finished, not started) come last either way.
+_RAN = ExpressionWrapper(F("finished_at") - F("started_at"), output_field=DurationField())
+_PROGRESS = ExpressionWrapper(F("progress_step") * 1.0 / F("planned_steps"), output_field=FloatField())
+COLUMN_ORDERS = {
+    "run": (F("name"),),
+    "state": (F("state"),),
+    "progress": (_PROGRESS, F("progress_step")),
+    "algorithm": (F("algorithm"),),
+    "experiment": (F("experiment__project__name"), F("experiment__name")),
+    "creator": (F("created_by__username"),),
+    "devices": (F("device_count"), F("device_type")),
+    "submitted": (F("created_at"),),
+    "finished": (F("finished_at"),),
+    "ran": (_RAN,),
+}
+
+
+def is_order(name: str) -> bool:
+    """A named order or a column order (`state`, `-finished`)."""
+    return name in RUN_ORDERS or name.removeprefix("-") in COLUMN_ORDERS
 
 
 def visible_runs(user) -> QuerySet[Run]:
@@ -28,11 +49,20 @@ def visible_runs(user) -> QuerySet[Run]:
         experiment__project_id__in=Membership.objects.filter(user=user).values("project_id"))
 
 
+def tagged(tag: str, lookup: str = "iexact") -> Q:
+    """Runs with this tag (any case, inner whitespace as single spaces; `lookup="icontains"`:
+    a tag that holds it); a subquery, so a run is listed once however many tags it has."""
+    name = " ".join(tag.split())
+    return Q(pk__in=RunTag.objects.filter(**{f"name__{lookup}": name}).values("run_id"))
+
+
 def search_runs(runs: QuerySet[Run], text: str) -> QuerySet[Run]:
-    """Runs in which every word of `text` appears in the run's or its experiment's name
-    (any case); a word that is a run id, with or without a leading #, also matches that run."""
+    """Runs in which every word of `text` appears in the run's or its experiment's name or in
+    one of its tags (any case); a word that is a run id, with or without a leading #, also
+    matches that run."""
     for word in text.split():
-        match = Q(name__icontains=word) | Q(experiment__name__icontains=word)
+        match = (Q(name__icontains=word) | Q(experiment__name__icontains=word)
+                 | tagged(word, "icontains"))
         number = word.removeprefix("#")
         if number.isdecimal() and int(number) <= ID_MAX:
             match |= Q(pk=int(number))
@@ -41,5 +71,10 @@ def search_runs(runs: QuerySet[Run], text: str) -> QuerySet[Run]:
 
 
 def order_runs(runs: QuerySet[Run], order: str) -> QuerySet[Run]:
-    """`runs` in one of RUN_ORDERS (an unknown name: newest first)."""
-    return runs.order_by(*RUN_ORDERS.get(order, RUN_ORDERS[DEFAULT_ORDER]))
+    """`runs` in one of RUN_ORDERS or COLUMN_ORDERS (an unknown name: newest first)."""
+    column = COLUMN_ORDERS.get(order.removeprefix("-"))
+    if column is None:
+        return runs.order_by(*RUN_ORDERS.get(order, RUN_ORDERS[DEFAULT_ORDER]))
+    descending = order.startswith("-")
+    return runs.order_by(*(e.desc(nulls_last=True) if descending else e.asc(nulls_last=True)
+                           for e in column), "-id")

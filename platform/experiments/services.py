@@ -1,4 +1,5 @@
-"""Domain actions on runs: submit, transition, cancel, clone.
+"""Domain actions on runs and experiments: submit, transition, cancel, clone, restart, tags and
+notes; creating an experiment.
 
 Every state change goes through `transition`, a conditional UPDATE (`WHERE state = <seen>`)
 that writes a RunEvent in the same transaction, so a redelivered message or a second worker
@@ -14,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from django.conf import settings
+from django.core.exceptions import PermissionDenied
 from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.db.models.functions import Coalesce
@@ -24,7 +26,7 @@ from clusters.models import Cluster, Node
 from clusters.services import node_memory, path_refusals
 from experiments.choices import ACTIVE_STATES, TERMINAL_STATES, RunState, can_transition
 from experiments.limits import MAX_RESTARTS, PRIORITY
-from experiments.models import Experiment, Run, RunEvent, planned_steps
+from experiments.models import Experiment, Run, RunEvent, RunTag, planned_steps
 from rl_core import memory_plan as plans
 from rl_core.errors import InputError
 from rl_core.paths import check_paths
@@ -427,3 +429,35 @@ def restart_run(run: Run, user) -> Run:
     Run.objects.filter(pk=restart.pk).update(cloned_from=run, resume_from=root)
     restart.refresh_from_db()
     return restart
+
+
+def annotate_run(run: Run, *, tags: Sequence[str] | None = None, note: str | None = None) -> Run:
+    """Replace the run's tags and/or its note (None keeps what it has). `tags` are already
+    clean (experiments.validation). MLflow's copy follows: the worker sets the MLflow run's
+    description (`mlflow.note.content`) and `ascent.tags`."""
+    with transaction.atomic():
+        if tags is not None:
+            existing = {tag.name: tag.pk for tag in RunTag.objects.filter(run=run)}
+            RunTag.objects.filter(pk__in=[pk for name, pk in existing.items() if name not in tags]).delete()
+            RunTag.objects.bulk_create([RunTag(run=run, name=name) for name in tags
+                                        if name not in existing])
+            getattr(run, "_prefetched_objects_cache", {}).pop("tags", None)
+        if note is not None:
+            Run.objects.filter(pk=run.pk).update(note=note)
+            run.note = note
+        if run.mlflow_run_id:
+            transaction.on_commit(lambda: notify_worker("workers.tasks.sync_run_notes", run.pk))
+    return run
+
+
+def create_experiment(project, user, name: str, description: str = "") -> Experiment:
+    """A new experiment in `project` (owners and maintainers); its name is unique in the
+    project. Its MLflow experiment is made when its first run launches."""
+    if not project.can_write(user):
+        raise PermissionDenied("Viewers cannot create experiments: ask an owner for the "
+                               "maintainer role.")
+    if Experiment.objects.filter(project=project, name=name).exists():
+        raise RequestError("name", f"{project.name} already has an experiment named {name!r}: "
+                                   "choose another name.")
+    return Experiment.objects.create(project=project, name=name, description=description,
+                                     created_by=user)

@@ -17,7 +17,7 @@ from experiments.models import Run
 from experiments.starter import STARTER_MODEL
 from experiments.tracking import run_metrics
 from tests.browser.conftest import screenshot
-from tests.browser.test_runs import field, wait_for_state
+from tests.browser.test_runs import field, open_section, wait_for_state
 
 pytestmark = pytest.mark.django_db(transaction=True)
 # The warm start's SFT (about a minute on 2 cores, once per machine) and the run itself.
@@ -33,6 +33,8 @@ def test_the_default_form_submits_as_it_is_and_the_run_learns(page, team, sign_i
     expect(field(page, "data.synthetic.task")).to_have_value("addition")
     page.get_by_label("Run name").fill("learns")
     field(page, "trainer.total_steps").fill("10")
+    open_section(page, "tools")
+    field(page, "tools.monitor.system_metrics_interval").fill("1")  # (10 s by default)
     page.get_by_role("button", name="Submit run").click()
 
     expect(page).to_have_url(re.compile(r"/runs/\d+/$"))
@@ -50,6 +52,12 @@ def test_the_default_form_submits_as_it_is_and_the_run_learns(page, team, sign_i
     expect(page.get_by_test_id("zero-reward")).to_be_hidden()
     expect(page.get_by_test_id("chart-0")).to_have_attribute("data-points", "10", timeout=20_000)
     screenshot(page, "run-learns")
+    # the node's CPU and memory while it trained, sampled by the training process itself; no
+    # device charts on a machine without a GPU
+    for chart in ("resource-chart-0", "resource-chart-1"):
+        expect(page.get_by_test_id(chart)).to_have_attribute("data-points", re.compile(r"^([3-9]|\d\d+)$"))
+    expect(page.get_by_test_id("resource-chart-2")).to_be_hidden()
+    expect(page.get_by_test_id("no-resources")).to_be_hidden()
 
     # the sample viewer: prompts, responses and rewards of the logged steps (1, then every 10)
     samples = page.get_by_test_id("samples")

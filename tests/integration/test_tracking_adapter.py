@@ -164,3 +164,39 @@ def test_the_store_is_postgresql_when_the_environment_provides_it(mlflow_store, 
     with psycopg.connect(dsn) as conn:
         row = conn.execute("SELECT name FROM runs WHERE run_uuid = %s", (run_id,)).fetchone()
     assert row == ("run 7",)
+
+
+def test_set_tags_overwrites_in_one_call(tracking, run):
+    _, run_id = run
+
+    tracking.set_tags(run_id, {"mlflow.note.content": "first", "ascent.tags": "a"})
+    tracking.set_tags(run_id, {"mlflow.note.content": "second", "ascent.tags": ""})
+
+    tags = MlflowClient(tracking.uri).get_run(run_id).data.tags
+    assert (tags["mlflow.note.content"], tags["ascent.tags"]) == ("second", "")
+
+
+@pytest.mark.django_db
+def test_a_runs_note_and_tags_reach_its_mlflow_run(mlflow_server, settings, django_user_model):
+    """At creation (ensure_tracking) and after an edit (sync_notes, the sync_run_notes task)."""
+    from accounts.models import Project
+    from experiments.models import Experiment, Run
+    from experiments.services import annotate_run
+    from workers.dispatch import ensure_tracking, sync_notes
+
+    settings.MLFLOW_TRACKING_URI = mlflow_server
+    project = Project.objects.create(name=f"notes-{uuid.uuid4().hex[:6]}")
+    experiment = Experiment.objects.create(project=project, name="e")
+    run = Run.objects.create(experiment=experiment, spec={}, algorithm="grpo", device_type="cpu",
+                             device_count=1, note="why this run")
+    annotate_run(run, tags=["baseline", "paper"])
+
+    mlflow_run_id = ensure_tracking(run)
+    tags = MlflowClient(mlflow_server).get_run(mlflow_run_id).data.tags
+    assert (tags["mlflow.note.content"], tags["ascent.tags"]) == ("why this run", "baseline, paper")
+
+    run.refresh_from_db()
+    annotate_run(run, tags=["final"], note="what it showed")
+    sync_notes(run.pk)
+    tags = MlflowClient(mlflow_server).get_run(mlflow_run_id).data.tags
+    assert (tags["mlflow.note.content"], tags["ascent.tags"]) == ("what it showed", "final")

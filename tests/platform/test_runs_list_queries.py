@@ -8,7 +8,7 @@ from django.test.utils import CaptureQueriesContext
 
 from accounts.models import Membership, Project
 from clusters.models import Cluster
-from experiments.models import Experiment, Run
+from experiments.models import Experiment, Run, RunTag
 
 SPEC_COLUMN = '"experiments_run"."spec"'
 
@@ -26,6 +26,8 @@ def many_runs(users, project, experiment, cluster, tiny_spec):
             algorithm="grpo", device_type="cpu", device_count=1, created_by=creators[i % 3],
             cluster=(None, cluster, other_cluster)[i % 3])
         for i in range(60))
+    RunTag.objects.bulk_create(RunTag(run=run, name=name) for run in Run.objects.all()[:10]
+                               for name in ("baseline", "sweep"))
     return Run.objects.all()
 
 
@@ -38,15 +40,17 @@ def list_queries(client, page_size: int) -> tuple[list[str], dict]:
 
 
 @pytest.mark.parametrize("persona", ["owner", "admin"])
-def test_it_lists_5_or_50_runs_in_the_same_two_queries(clients, many_runs, persona):
+def test_it_lists_5_or_50_runs_in_the_same_three_queries(clients, many_runs, persona):
     few, few_body = list_queries(clients[persona], 5)
     many, many_body = list_queries(clients[persona], 50)
     assert (len(few_body["results"]), len(many_body["results"])) == (5, 50)
-    assert len(few) == len(many) <= 2, many  # the token, then one page of runs with their relations
+    # the token, one page of runs with their relations, the page's tags
+    assert len(few) == len(many) <= 3, many
+    assert sum(bool(run["tags"]) for run in many_body["results"]) == 10
 
 
 def test_it_lists_runs_within_a_query_budget(clients, many_runs, django_assert_max_num_queries):
-    with django_assert_max_num_queries(3):  # token, last_used_at write, the page
+    with django_assert_max_num_queries(4):  # token, last_used_at write, the page, its tags
         response = clients["owner"].get("/api/v1/runs/?page_size=50")
     assert response.status_code == 200 and len(response.json()["results"]) == 50
 

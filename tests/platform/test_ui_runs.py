@@ -7,6 +7,7 @@ import re
 import pytest
 from django.utils import timezone
 
+from experiments import services
 from experiments.choices import RunState
 from experiments.models import Run
 from frontend import specform
@@ -259,3 +260,68 @@ def test_the_log_downloads_as_one_text_file_with_every_attempt(signed_in, experi
     page = client.get(f"/runs/{run.pk}/").content.decode()
     assert f'href="/runs/{run.pk}/log.txt" download' in page and 'id="log-search"' in page
     assert signed_in("stranger").get(f"/runs/{run.pk}/log.txt").status_code == 404
+
+
+def _order(page: str) -> list[str]:
+    """The run names in the order the runs table lists them."""
+    return re.findall(r'<a href="/runs/\d+/">#\d+ ([^<]+)</a>', page)
+
+
+def test_the_column_headers_sort_the_list_and_say_how(signed_in, experiment, users):
+    now, minutes = timezone.now(), timezone.timedelta(minutes=1)
+    for name, state, devices, started, finished in (
+            ("b-short", RunState.SUCCEEDED, 2, now - 5 * minutes, now - 4 * minutes),
+            ("a-long", RunState.FAILED, 8, now - 30 * minutes, now),
+            ("c-running", RunState.RUNNING, 1, now, None)):
+        run = make_run(experiment, users["owner"], name=name, state=state, started_at=started,
+                       finished_at=finished)
+        Run.objects.filter(pk=run.pk).update(device_count=devices)
+    client = signed_in("viewer")
+
+    page = client.get("/runs/?sort=run").content.decode()
+    assert _order(page) == ["a-long", "b-short", "c-running"]
+    assert re.search(r'<th aria-sort="ascending"><a class="sort" href="\?sort=-run"', page)
+    assert _order(client.get("/runs/?sort=-run").content.decode()) == ["c-running", "b-short", "a-long"]
+    assert _order(client.get("/runs/?sort=-devices").content.decode()) == ["a-long", "b-short", "c-running"]
+    # a run that has not finished comes last both ways
+    assert _order(client.get("/runs/?sort=-ran").content.decode()) == ["a-long", "b-short", "c-running"]
+    assert _order(client.get("/runs/?sort=ran").content.decode()) == ["b-short", "a-long", "c-running"]
+    assert _order(client.get("/runs/?sort=finished").content.decode())[-1] == "c-running"
+    # the default, newest first, is the Submitted column descending; a column's first click
+    # sorts the largest first where that is what people look for
+    page = client.get("/runs/?state=&q=").content.decode()
+    assert re.search(r'<th aria-sort="descending"><a class="sort" href="\?state=&amp;q=&amp;sort=submitted"', page)
+    assert 'href="?state=&amp;q=&amp;sort=-devices"' in page
+    # the sort chosen by a header is kept by the filter form's polls
+    page = client.get("/runs/?sort=-devices").content.decode()
+    assert '<option value="-devices" selected>by devices, descending</option>' in page
+    # an unknown order is the default
+    assert _order(client.get("/runs/?sort=bogus").content.decode()) == ["c-running", "a-long", "b-short"]
+
+
+def test_the_list_shows_tags_and_filters_by_them(signed_in, experiment, users):
+    tagged = make_run(experiment, users["owner"], name="tagged")
+    make_run(experiment, users["owner"], name="plain")
+    services.annotate_run(tagged, tags=["Paper", "best run"])
+    client = signed_in("viewer")
+
+    page = client.get("/runs/").content.decode()
+    assert 'href="?tag=best%20run" data-testid="tag">best run</a>' in page
+    assert "<option>Paper</option>" in page
+    assert _order(client.get("/runs/?tag=paper").content.decode()) == ["tagged"]
+    assert _order(client.get("/runs/?q=best").content.decode()) == ["tagged"]
+    assert "<option selected>nothing</option>" in client.get("/runs/?tag=nothing").content.decode()
+
+
+def test_the_last_status_poll_of_an_ended_run_refreshes_the_other_parts(signed_in, experiment, users):
+    run = make_run(experiment, users["owner"], state=RunState.RUNNING)
+    client = signed_in("viewer")
+    parts = ("checkpoints", "samples", "tools")
+
+    assert "HX-Trigger" not in client.get(f"/runs/{run.pk}/status/").headers
+    for part in parts:  # polled while the run is active, and once more when it ends
+        assert "run-ended from:body" in client.get(f"/runs/{run.pk}/{part}/").content.decode(), part
+    Run.objects.filter(pk=run.pk).update(state=RunState.SUCCEEDED)
+    assert client.get(f"/runs/{run.pk}/status/").headers["HX-Trigger"] == "run-ended"
+    for part in parts:
+        assert "hx-get" not in client.get(f"/runs/{run.pk}/{part}/").content.decode(), part

@@ -88,3 +88,62 @@ def test_rollout_samples_are_tables_in_the_output_folder_and_in_mlflow(tmp_path,
     logged = [a.path for a in client.list_artifacts(run_id, "samples")]
     assert logged == ["samples/step_1.json", "samples/step_2.json"]
     assert json.loads(open(client.download_artifacts(run_id, "samples/step_2.json")).read()) == table
+
+
+def _system_keys(client, run_id):
+    return sorted(k for k in client.get_run(run_id).data.metrics if k.startswith("system/"))
+
+
+def _sampler_threads():
+    import threading
+
+    return [t for t in threading.enumerate() if t.name == "SystemMetricsMonitor" and t.is_alive()]
+
+
+def test_the_nodes_resources_are_sampled_into_the_mlflow_run(tmp_path, mlflow_server):
+    import time
+
+    spec = resolve_spec({**SPEC, "tools": {"monitor": {"system_metrics_interval": 0.2}}})
+    tracker = make_tracker(spec, tmp_path, environ={"MLFLOW_TRACKING_URI": mlflow_server})
+    assert len(_sampler_threads()) == 1
+    time.sleep(1.5)
+    tracker.finish()
+
+    assert _sampler_threads() == []  # stopped with the tracker
+    client = MlflowClient(mlflow_server)
+    run_id = tracker.mlflow_run_id
+    assert {"system/cpu_utilization_percentage", "system/system_memory_usage_percentage",
+            "system/system_memory_usage_megabytes"} <= set(_system_keys(client, run_id))
+    for key in ("system/cpu_utilization_percentage", "system/system_memory_usage_percentage"):
+        history = client.get_metric_history(run_id, key)
+        assert len(history) >= 3, history
+        assert all(0 <= m.value <= 100 for m in history), history
+    memory = client.get_metric_history(run_id, "system/system_memory_usage_megabytes")
+    assert all(m.value > 10 for m in memory)  # this process alone holds more than 10 MB
+
+
+def test_no_resources_are_sampled_at_interval_0(tmp_path, mlflow_server):
+    spec = resolve_spec({**SPEC, "tools": {"monitor": {"system_metrics_interval": 0}}})
+    tracker = make_tracker(spec, tmp_path, environ={"MLFLOW_TRACKING_URI": mlflow_server})
+    tracker.log_metrics({"reward/mean": 1.0}, step=1)
+    assert _sampler_threads() == []
+    tracker.finish()
+    assert _system_keys(MlflowClient(mlflow_server), tracker.mlflow_run_id) == []
+
+
+def test_a_restarted_attempt_continues_the_samples_steps(tmp_path, mlflow_server):
+    import time
+
+    client = MlflowClient(mlflow_server)
+    created = client.create_run(client.create_experiment("sampled-restart")).info.run_id
+    env = {"MLFLOW_TRACKING_URI": mlflow_server, "MLFLOW_RUN_ID": created}
+    spec = resolve_spec({**SPEC, "tools": {"monitor": {"system_metrics_interval": 0.2}}})
+    steps = []
+    for attempt in (1, 2):
+        tracker = make_tracker(spec, tmp_path / str(attempt), environ=env)
+        time.sleep(1.0)
+        tracker.finish("FAILED" if attempt == 1 else "FINISHED")
+        steps.append([m.step for m in client.get_metric_history(created, "system/cpu_utilization_percentage")])
+    first, both = steps
+    assert first and len(both) > len(first)
+    assert sorted(both) == list(range(len(both)))  # the second attempt's steps follow the first's

@@ -588,3 +588,17 @@ def test_dpo_refuses_rollout_samples_it_cannot_log_but_keeps_the_default():
                       "tools": {"monitor": {"sample_every": 5}}})
     resolve_spec({"algorithm": "dpo", "data": {"synthetic": {}},
                   "tools": {"monitor": {"sample_every": 0}}})
+
+
+def test_the_resources_are_sampled_every_10_s_unless_turned_off_or_too_often():
+    base = {"algorithm": "grpo", "data": {"synthetic": {"task": "addition"}}}
+    assert resolve_spec(base).tools.monitor.system_metrics_interval == 10.0
+    for off_or_fine in (0, 0.1, 2.5, 3600):
+        spec = resolve_spec({**base, "tools": {"monitor": {"system_metrics_interval": off_or_fine}}})
+        assert spec.tools.monitor.system_metrics_interval == off_or_fine
+    with pytest.raises(SpecError, match=r"tools.monitor.system_metrics_interval: 0.05 s is too "
+                                        r"often to sample the node: use 0 \(off\) or at least 0.1"):
+        resolve_spec({**base, "tools": {"monitor": {"system_metrics_interval": 0.05}}})
+    for bad in (-1, 3601):
+        with pytest.raises(SpecError, match="tools.monitor.system_metrics_interval"):
+            resolve_spec({**base, "tools": {"monitor": {"system_metrics_interval": bad}}})
