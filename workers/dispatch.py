@@ -126,6 +126,8 @@ def _claim(run_id: int, cluster: Cluster) -> bool:
 
 def _new_attempt(run: Run, cluster: Cluster) -> Attempt:
     number = (run.attempts.aggregate(n=Max("number"))["n"] or 0) + 1
+    if number > 1:
+        run.measure_pace_again()
     return Attempt.objects.create(run=run, number=number, cluster=cluster,
                                   ray_submission_id=Attempt.submission_id(run.pk, number),
                                   device_count=run.device_count)

@@ -156,6 +156,12 @@ class Run(models.Model):
         """The run's tags by name (from a prefetched `tags` where there is one)."""
         return sorted((tag.name for tag in self.tags.all()), key=str.casefold)
 
+    def measure_pace_again(self) -> None:
+        """A new attempt of the run (an automatic restart): the ETA's pace is measured from its
+        first step beyond the last one seen, not across the time the restart took."""
+        Run.objects.filter(pk=self.pk).update(first_step=None, first_step_at=None)
+        self.first_step = self.first_step_at = None
+
     def record_progress(self, step: int, at) -> None:
         """Store a step the job logged (steps only go forward; a restart may repeat some)."""
         fields = {"progress_step": step, "progress_at": at}

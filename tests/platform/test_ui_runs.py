@@ -232,6 +232,14 @@ def test_progress_counts_steps_and_estimates_the_time_left(signed_in, experiment
     assert "step 35 of 60 (58 %)" in cell and "about 50 s left" in cell
     page = signed_in("owner").get(f"/runs/{run.pk}/").content.decode()
     assert "step 35 of 60 (58 %)" in page
+    # an automatic restart (a new attempt): the pace is measured again from the first step
+    # beyond the last one seen, not across the minutes the restart took
+    run.measure_pace_again()
+    run.record_progress(30, start + timedelta(seconds=600))  # resumed from a checkpoint: old steps
+    run.record_progress(36, start + timedelta(seconds=660))  # the first new one
+    run.record_progress(46, start + timedelta(seconds=680))  # 10 steps in 20 s
+    run.refresh_from_db()
+    assert run.progress["step"] == 46 and run.progress["eta_s"] == pytest.approx(28.0)
     run.state = RunState.SUCCEEDED
     assert run.progress["eta_s"] is None  # nothing left to wait for
 
