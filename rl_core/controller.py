@@ -289,8 +289,7 @@ class Controller:
             return last
         finally:
             progress.close()
-            self.close()
-            self.tracker.finish(status)
+            self.stop(status)
 
     def record_determinism(self) -> dict[str, Any]:
         """The run's determinism report: the controller's and every rank's seeds, kernel modes
@@ -343,6 +342,14 @@ class Controller:
     def close(self) -> None:
         """Stop the roles (their processes, on Ray); nothing can step after this."""
         self.roles.shutdown()
+
+    def stop(self, status: str) -> None:
+        """Stop the roles, then end the tracker's run with `status` (also when stopping the
+        roles fails: the run must not stay open nor its resource sampler go on)."""
+        try:
+            self.close()
+        finally:
+            self.tracker.finish(status)
 
     def _due(self, every: int) -> bool:
         return every > 0 and (self.step % every == 0 or self.step == self.total_steps)

@@ -160,7 +160,7 @@ class MlflowSink:
 
     def finish(self, status):
         if self.monitor is not None:  # before the run ends: its last samples are sent first
-            self.monitor.finish()
+            stop_system_metrics(self.monitor)
             self.monitor = None
         self.client.set_terminated(self.run_id, status=status)
 
@@ -174,11 +174,28 @@ def start_system_metrics(run_id: str, tracking_uri: str, interval_s: float):
 
         monitor = SystemMetricsMonitor(run_id, sampling_interval=interval_s, resume_logging=True,
                                        tracking_uri=tracking_uri)
+        # The spec's interval and the documented keys (`system/<name>`, no node in them) win
+        # over MLflow's MLFLOW_SYSTEM_METRICS_* variables, should the node set them.
+        monitor.sampling_interval, monitor.samples_before_logging = interval_s, 1
+        monitor.node_id = None
         monitor.start()
     except Exception as exc:  # noqa: BLE001 - resource charts are never worth a failed run
         log.warning("not sampling the node's resources: %s", exc)
         return None
     return monitor
+
+
+def stop_system_metrics(monitor) -> None:
+    """Stop the sampler, then send the samples it took since its last send (MLflow's sampler
+    drops them when stopped): a run shorter than the interval still gets its one sample."""
+    monitor.finish()
+    try:
+        last = monitor.aggregate_metrics()
+        if last:
+            monitor.publish_metrics(last)
+            monitor.mlflow_logger.flush()
+    except Exception as exc:  # noqa: BLE001 - the run's own metrics are already sent
+        log.warning("the last samples of the node's resources were not sent: %s", exc)
 
 
 def table_json(table: Mapping[str, list]) -> dict[str, list]:

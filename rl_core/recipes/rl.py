@@ -94,7 +94,7 @@ class RLTrainer:
             try:
                 self._restore_partial(restored.get("partial"))
             except InputError:
-                self.ctl.close()
+                self.ctl.stop("FAILED")
                 raise
         self.sampling = self.ctl.sampling
 

@@ -86,12 +86,12 @@ class SFTTrainer:
                                 batch_size=self.spec.data.val_batch_size, seed=self.spec.seed)
 
     def fit(self) -> dict[str, float]:
-        self.tracker.log_params(self.spec.flat_params())
-        record_determinism(self.spec, [process_report("sft", 0, self.device)], self.output_dir,
-                           self.tracker)
         metrics: dict[str, float] = {}
         status = "FAILED"
         try:
+            self.tracker.log_params(self.spec.flat_params())
+            record_determinism(self.spec, [process_report("sft", 0, self.device)],
+                               self.output_dir, self.tracker)
             while self.step < self.total_steps:
                 self.model.train()
                 # tools.*: the update is SFT's one profiled and dumped stage
@@ -126,5 +126,7 @@ class SFTTrainer:
             status = "FINISHED"
             return {**metrics, "checkpoint_step": float(self.step)}
         finally:
-            self.rewards.close()
-            self.tracker.finish(status)
+            try:
+                self.rewards.close()
+            finally:
+                self.tracker.finish(status)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from mlflow.tracking import MlflowClient
 
 from rl_core.spec import resolve_spec
@@ -100,9 +101,13 @@ def _sampler_threads():
     return [t for t in threading.enumerate() if t.name == "SystemMetricsMonitor" and t.is_alive()]
 
 
-def test_the_nodes_resources_are_sampled_into_the_mlflow_run(tmp_path, mlflow_server):
+def test_the_nodes_resources_are_sampled_into_the_mlflow_run(tmp_path, mlflow_server, monkeypatch):
     import time
 
+    # the spec's interval and the documented keys win over MLflow's own variables
+    monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "30")
+    monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLES_BEFORE_LOGGING", "5")
+    monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_NODE_ID", "node_0")
     spec = resolve_spec({**SPEC, "tools": {"monitor": {"system_metrics_interval": 0.2}}})
     tracker = make_tracker(spec, tmp_path, environ={"MLFLOW_TRACKING_URI": mlflow_server})
     assert len(_sampler_threads()) == 1
@@ -120,6 +125,18 @@ def test_the_nodes_resources_are_sampled_into_the_mlflow_run(tmp_path, mlflow_se
         assert all(0 <= m.value <= 100 for m in history), history
     memory = client.get_metric_history(run_id, "system/system_memory_usage_megabytes")
     assert all(m.value > 10 for m in memory)  # this process alone holds more than 10 MB
+
+
+def test_a_run_shorter_than_the_interval_still_gets_its_sample(tmp_path, mlflow_server):
+    spec = resolve_spec({**SPEC, "tools": {"monitor": {"system_metrics_interval": 30}}})
+    tracker = make_tracker(spec, tmp_path, environ={"MLFLOW_TRACKING_URI": mlflow_server})
+    tracker.log_metrics({"reward/mean": 1.0}, step=1)
+    tracker.finish()
+
+    history = MlflowClient(mlflow_server).get_metric_history(
+        tracker.mlflow_run_id, "system/cpu_utilization_percentage")
+    assert [m.step for m in history] == [0]
+    assert _sampler_threads() == []
 
 
 def test_no_resources_are_sampled_at_interval_0(tmp_path, mlflow_server):
@@ -147,3 +164,30 @@ def test_a_restarted_attempt_continues_the_samples_steps(tmp_path, mlflow_server
     first, both = steps
     assert first and len(both) > len(first)
     assert sorted(both) == list(range(len(both)))  # the second attempt's steps follow the first's
+
+
+def test_a_refused_resume_ends_the_run_and_its_sampling(tmp_path, mlflow_server, monkeypatch,
+                                                         tiny_cache):
+    from rl_core.errors import InputError
+    from rl_core.recipes.rl import RLTrainer
+
+    def spec(split: int):
+        return resolve_spec({
+            **SPEC, "model": {"path": "tiny:nano"},
+            "data": {"synthetic": {"task": "addition", "digits": 1, "num_train": 8, "num_val": 0},
+                     "train_batch_size": 4, "prompt_template": "plain"},
+            "rollout": {"n_samples_per_prompt": 2, "max_new_tokens": 6,
+                        "partial_rollout_max_split": split},
+            "actor": {"ppo_mini_batch_size": 4, "ppo_micro_batch_size": 8},
+            "trainer": {"total_steps": 1, "output_dir": str(tmp_path), "logger": []},
+            "tools": {"monitor": {"system_metrics_interval": 0.2}}})
+
+    RLTrainer(spec(3)).fit()  # a checkpoint with partial rollout in 3 pieces (no MLflow)
+    client = MlflowClient(mlflow_server)
+    created = client.create_run(client.create_experiment("refused-resume")).info.run_id
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
+    monkeypatch.setenv("MLFLOW_RUN_ID", created)
+    with pytest.raises(InputError, match="rollout.partial_rollout_max_split"):
+        RLTrainer(spec(2))  # refused once the checkpoint is read, after the tracker started
+    assert _sampler_threads() == []
+    assert client.get_run(created).info.status == "FAILED"
