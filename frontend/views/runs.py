@@ -110,7 +110,7 @@ def run_filter_data(params, states: list[str]) -> QueryDict:
     return data
 
 
-# The runs table's columns: (sort key or "" for none, header, numeric).
+# The runs table's columns, each sortable: (sort key in COLUMN_ORDERS, header, numeric).
 RUN_COLUMNS = [
     ("run", "Run", False), ("state", "State", False), ("progress", "Progress", False),
     ("algorithm", "Algorithm", False), ("experiment", "Experiment", False),

@@ -218,8 +218,8 @@
         try { localStorage.setItem(VIEW_KEY, JSON.stringify(view)); } catch (error) { /* storage off: this page only */ }
         document.querySelectorAll("[data-chart-view] .chart").forEach(box => { if (box._series) draw(box, box._series, box._t0); });
       };
-      [smoothing, log, x].forEach(input => input.addEventListener("input", apply));
-      x.addEventListener("change", apply);
+      smoothing.addEventListener("input", apply);  // as the slider moves
+      [log, x].forEach(input => input.addEventListener("change", apply));
     });
   }
 
