@@ -12,12 +12,15 @@ of both (a third process, splitting the training tier, was slower on 2 cores: it
 compute-bound and contend for the same cores). The training tier runs without REDIS_URL: its tests use no Redis, and it must not clear
 the service tier's rate-limit keys. Each tier writes its report to a log beside the suite and
 the two are printed when both have ended, with a progress line per tier every minute meanwhile.
+Each tier's ten slowest tests follow its report, and one closing line sums both tiers'
+counts (`suite: N passed, N failed, N skipped`, with errors counted as failures).
 The exit status is the first non-zero tier status, 0 when both pass.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -27,6 +30,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 TRAINING = ["tests/training", "tests/ray"]
 PROGRESS_EVERY_S = 60
+SLOWEST = 10
+# pytest's closing line, e.g. "== 2703 passed, 2 skipped, 3 warnings in 1218.32s (0:20:18) =="
+SUMMARY = re.compile(r"^=*\s*((?:\d+ \w+(?:, )?)+) in [\d.]+s")
+COUNT = re.compile(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed|deselected)")
+# one line of pytest's --durations report: "12.34s call     tests/x.py::test_y"
+DURATION = re.compile(r"^(\d+\.\d+)s (setup|call|teardown)\s+(\S.*)$")
 
 
 def pytest(*args: str) -> list[str]:
@@ -40,14 +49,51 @@ def last_line(log: Path) -> str:
     return lines[-1][-80:] if lines else "starting"
 
 
+def counts(report: str) -> dict[str, int]:
+    """The outcome counts of a pytest report's closing line ({} when it has none)."""
+    for line in reversed(report.splitlines()):
+        found = SUMMARY.match(line.strip())
+        if found:
+            return {("errors" if kind.startswith("error") else kind): int(n)
+                    for n, kind in COUNT.findall(found.group(1))}
+    return {}
+
+
+def slowest(report: str, n: int = SLOWEST) -> list[str]:
+    """The n slowest tests of a report's --durations section, setup, call and teardown added."""
+    total: dict[str, float] = {}
+    for line in report.splitlines():
+        found = DURATION.match(line.strip())
+        if found:
+            total[found.group(3)] = total.get(found.group(3), 0.0) + float(found.group(1))
+    ranked = sorted(total.items(), key=lambda item: -item[1])[:n]
+    return [f"{seconds:8.1f} s  {test}" for test, seconds in ranked]
+
+
+def closing_line(reports: dict[str, str]) -> str:
+    """One line with both tiers' counts, in the plain form CI reads ("N passed, N failed")."""
+    tiers = {name: counts(report) for name, report in reports.items()}
+    total = {kind: sum(c.get(kind, 0) for c in tiers.values())
+             for kind in ("passed", "failed", "errors", "skipped")}
+    def said(kind: str, n: int) -> str:
+        return f"{n} {'error' if kind == 'errors' and n == 1 else kind}"
+
+    detail = "; ".join(f"{name} " + (", ".join(said(k, v) for k, v in c.items()) or "no summary")
+                       for name, c in tiers.items())
+    failed = total["failed"] + total["errors"] + sum(1 for c in tiers.values() if not c)
+    return (f"[tests] {detail}\n"
+            f"suite: {total['passed']} passed, {failed} failed, {total['skipped']} skipped")
+
+
 def main(argv: list[str]) -> int:
     if argv:
         return subprocess.call(pytest(*argv), cwd=ROOT)
     logs = Path(tempfile.mkdtemp(prefix="ascent-tests-"))
     training_env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
     tiers = {
-        "training": (pytest("-q", *TRAINING), training_env),
-        "service": (pytest("-q", *(f"--ignore={path}" for path in TRAINING)), dict(os.environ)),
+        "training": (pytest("-q", "--durations=40", *TRAINING), training_env),
+        "service": (pytest("-q", "--durations=40", *(f"--ignore={path}" for path in TRAINING)),
+                    dict(os.environ)),
     }
     started = time.monotonic()
     running = {}
@@ -77,9 +123,16 @@ def main(argv: list[str]) -> int:
         for proc, _ in running.values():
             proc.terminate()
         raise
-    for name, (_, log) in running.items():
+    reports = {name: log.read_text(errors="replace") for name, (_, log) in running.items()}
+    for name, report in reports.items():
         print(f"\n{'=' * 30} {name} tier ({' '.join(tiers[name][0][3:])}) {'=' * 30}", flush=True)
-        sys.stdout.write(log.read_text(errors="replace"))
+        sys.stdout.write(report)
+    minutes = (time.monotonic() - started) / 60
+    for name, report in reports.items():
+        print(f"\n[tests] the {name} tier's {SLOWEST} slowest tests (setup + call + teardown):")
+        print("\n".join(slowest(report)) or "  (no durations in its report)")
+    print(f"\n[tests] both tiers took {minutes:.1f} min")
+    print(closing_line(reports), flush=True)
     failed = [s for s in status.values() if s != 0]
     return failed[0] if failed else 0
 

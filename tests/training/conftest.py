@@ -13,7 +13,6 @@ from contextlib import closing
 from pathlib import Path
 
 import pytest
-from learning import LEARNING_DATA
 
 
 def _free_port() -> int:
@@ -73,27 +72,21 @@ def tiny_cache(tmp_path_factory):
 @pytest.fixture(scope="session")
 def sft_base(tmp_path_factory, tiny_cache) -> Path:
     """A tiny model fine-tuned to be right only part of the time: the base the RL algorithms
-    must improve (made once per session)."""
-    from rl_core.recipes.sft import SFTTrainer
-    from rl_core.spec import resolve_spec
+    must improve. A copy of the committed golden base (tests/training/golden_runs.py says why it
+    is committed and how it was made), the same weights on every machine."""
+    from golden_runs import BASE, BASE_FILES
 
-    out = tmp_path_factory.mktemp("sft")
-    SFTTrainer(resolve_spec({
-        "algorithm": "grpo", "seed": 1, "model": {"path": "tiny:small"},
-        "data": {**LEARNING_DATA, "train_batch_size": 32},
-        "rollout": {"n_samples_per_prompt": 2, "max_new_tokens": 4},
-        "actor": {"lr": 2e-3, "warmup_steps": 10, "ppo_mini_batch_size": 32, "ppo_micro_batch_size": 32},
-        "reward": {"functions": [{"name": "exact_match"}]},
-        "trainer": {"total_steps": 120, "output_dir": str(out), "logger": []},
-    })).fit()
-    return out / "checkpoints" / "step_120"
+    folder = tmp_path_factory.mktemp("sft") / "base"
+    folder.mkdir()
+    for name in BASE_FILES:
+        shutil.copy2(BASE / name, folder / name)
+    return folder
 
 
-@pytest.fixture(scope="session")
-def plain_run(sft_base, tmp_path_factory):
-    """`plain_run(algorithm)`: the comparable metrics of the golden spec's run on one rank with
-    the plain engine, in process (made once per session and algorithm)."""
-    from golden_runs import comparable, golden_spec
+def _golden_runs(base: Path, folders, devices: int):
+    """`get(algorithm)`: the comparable metrics of the golden test's spec on `devices` ranks
+    (in process on one, on the session's Ray on more), each made once per session."""
+    from golden_runs import comparable, golden_run_spec
     from test_trainer import read_metrics
 
     from rl_core.recipes import run
@@ -103,9 +96,24 @@ def plain_run(sft_base, tmp_path_factory):
 
     def get(algorithm: str) -> list[dict]:
         if algorithm not in runs:
-            out = tmp_path_factory.mktemp(f"plain-{algorithm}") / "run"
-            run(resolve_spec(golden_spec(algorithm, sft_base, out, 1)), backend="local")
+            out = folders.mktemp(f"golden-{algorithm}-{devices}") / "run"
+            run(resolve_spec(golden_run_spec(algorithm, base, out, devices)),
+                backend="local" if devices == 1 else "ray")
             runs[algorithm] = comparable(read_metrics(out))
         return runs[algorithm]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def plain_run(sft_base, tmp_path_factory):
+    """`plain_run(algorithm)`: the comparable metrics of the golden spec's run on one rank with
+    the plain engine, in process (made once per session and algorithm)."""
+    return _golden_runs(sft_base, tmp_path_factory, 1)
+
+
+@pytest.fixture(scope="session")
+def ray_run(sft_base, tmp_path_factory, local_ray):
+    """`ray_run(algorithm)`: the comparable metrics of the golden spec's run on two
+    deterministic Ray ranks (made once per session and algorithm)."""
+    return _golden_runs(sft_base, tmp_path_factory, 2)
