@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import copy
 import os
+import sys
+import tempfile
 
 import pytest
 import torch
@@ -53,54 +55,71 @@ def _engine(world: int, seed: int = 1, **extra):
     return FSDP2Engine(model, mesh=init_device_mesh("cpu", (world,)), **OPTIONS, **extra), data
 
 
-def _rank(rank: int, world: int, rendezvous: str, out: str, cuts: tuple[int, ...],
-          extra: dict | None = None) -> None:
+def _in_group(rank: int, work, world: int, rendezvous: str, *args) -> None:
+    """One spawned rank: `work(rank, *args)` in a gloo group of `world` ranks.
+
+    A rank that succeeded leaves with os._exit, not through the interpreter's finalization:
+    gloo's worker threads may still hold the last reference to a finished collective's tensors,
+    and one that drops it while the interpreter is being torn down needs the GIL, which a
+    finalizing Python 3.11 refuses by ending the thread, and the C++ destructor it is in aborts
+    the process ("terminate called without an active exception", SIGABRT; seen on a loaded
+    machine about once in eight runs of these tests). A failure still goes back to mp.spawn,
+    which writes its traceback before the process exits."""
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
     try:
-        engine, data = _engine(world, **(extra or {}))
-        rows = slice(cuts[rank], cuts[rank + 1])
-        metrics = [engine.train_step({k: v[rows] for k, v in b.items()}, ppo_loss_fn())
-                   for b in data]
-        weights = engine.full_state_dict()
-        saved = full_optimizer_state(engine)
-        folder = f"{out}.dcp"
-        engine.save_sharded(folder)
-        for moments in engine.inner.optimizer.state.values():  # spoil it, then reload the saved
-            moments["exp_avg"].zero_()
-        engine.load_sharded(folder)
-        reloaded = full_optimizer_state(engine)
-        if rank == 0:
-            torch.save({"metrics": metrics, "weights": weights, "step": engine.step,
-                        "saved": saved, "reloaded": reloaded}, out)
+        work(rank, *args)
     finally:
         dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
-def _resharded(rank: int, rendezvous: str, folder: str, out: str) -> None:
-    """Load a two-rank checkpoint on one rank; then try it on another model."""
+def spawn(work, world: int, tmp_path, *args) -> None:
+    """Run `work(rank, *args)` on `world` ranks of a gloo group (a new rendezvous each call)."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    rendezvous = tempfile.mkdtemp(dir=tmp_path, prefix="rendezvous-")
+    mp.spawn(_in_group, args=(work, world, f"{rendezvous}/file", *args), nprocs=world, join=True)
+
+
+def _rank(rank: int, out: str, cuts: tuple[int, ...], extra: dict | None = None) -> None:
     import torch.distributed as dist
 
+    engine, data = _engine(dist.get_world_size(), **(extra or {}))
+    rows = slice(cuts[rank], cuts[rank + 1])
+    metrics = [engine.train_step({k: v[rows] for k, v in b.items()}, ppo_loss_fn())
+               for b in data]
+    weights = engine.full_state_dict()
+    saved = full_optimizer_state(engine)
+    folder = f"{out}.dcp"
+    engine.save_sharded(folder)
+    for moments in engine.inner.optimizer.state.values():  # spoil it, then reload the saved
+        moments["exp_avg"].zero_()
+    engine.load_sharded(folder)
+    reloaded = full_optimizer_state(engine)
+    if rank == 0:
+        torch.save({"metrics": metrics, "weights": weights, "step": engine.step,
+                    "saved": saved, "reloaded": reloaded}, out)
+
+
+def _resharded(rank: int, folder: str, out: str) -> None:
+    """Load a two-rank checkpoint on one rank; then try it on another model."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from rl_core.engines.fsdp import FSDP2Engine
     from rl_core.errors import InputError
 
-    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=0, world_size=1)
+    engine, _ = _engine(1)
+    engine.load_sharded(folder)
+    result = {"weights": engine.full_state_dict(), "state": full_optimizer_state(engine)}
+    other, _ = build_tiny("nano", seed=1, intermediate_size=48)
     try:
-        engine, _ = _engine(1)
-        engine.load_sharded(folder)
-        result = {"weights": engine.full_state_dict(), "state": full_optimizer_state(engine)}
-        from torch.distributed.device_mesh import init_device_mesh
-
-        from rl_core.engines.fsdp import FSDP2Engine
-
-        other, _ = build_tiny("nano", seed=1, intermediate_size=48)
-        try:
-            FSDP2Engine(other, mesh=init_device_mesh("cpu", (1,)), **OPTIONS).load_sharded(folder)
-        except InputError as exc:
-            result["refused"] = str(exc)
-        torch.save(result, out)
-    finally:
-        dist.destroy_process_group()
+        FSDP2Engine(other, mesh=init_device_mesh("cpu", (1,)), **OPTIONS).load_sharded(folder)
+    except InputError as exc:
+        result["refused"] = str(exc)
+    torch.save(result, out)
 
 
 # rows of each rank in the 8-row mini-batches (micro-batches of 2): even halves; 5 + 3 (rank 1
@@ -112,9 +131,7 @@ def _resharded(rank: int, rendezvous: str, folder: str, out: str) -> None:
 ])
 def test_two_sharded_ranks_equal_one_plain_rank(tmp_path, cuts, extra):
     out = tmp_path / "fsdp.pt"
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    mp.spawn(_rank, args=(2, str(tmp_path / "rendezvous"), str(out), cuts, extra), nprocs=2,
-             join=True)
+    spawn(_rank, 2, tmp_path, str(out), cuts, extra)
     sharded = torch.load(out, weights_only=False)
 
     model, tokenizer = build_tiny("nano", seed=1)
@@ -149,13 +166,10 @@ def test_a_model_without_decoder_layers_is_refused():
 
 
 def test_a_two_rank_checkpoint_reloads_resharded_on_one_and_refuses_another_model(tmp_path):
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
     saved = tmp_path / "fsdp.pt"
-    mp.spawn(_rank, args=(2, str(tmp_path / "rendezvous"), str(saved), (0, 4, 8)), nprocs=2,
-             join=True)
+    spawn(_rank, 2, tmp_path, str(saved), (0, 4, 8))
     out = tmp_path / "one.pt"
-    mp.spawn(_resharded, args=(str(tmp_path / "rendezvous1"), f"{saved}.dcp", str(out)),
-             nprocs=1, join=True)
+    spawn(_resharded, 1, tmp_path, f"{saved}.dcp", str(out))
     two, one = torch.load(saved, weights_only=False), torch.load(out, weights_only=False)
     for name, value in two["weights"].items():
         assert torch.equal(one["weights"][name], value), name
@@ -165,33 +179,28 @@ def test_a_two_rank_checkpoint_reloads_resharded_on_one_and_refuses_another_mode
     assert "fsdp.pt.dcp" in one["refused"]
 
 
-def _offloaded(rank: int, rendezvous: str, out: str) -> None:
+def _offloaded(rank: int, out: str) -> None:
     """The same steps with the shards in host memory (CPUOffloadPolicy) and without."""
-    import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
     from rl_core.engines.fsdp import FSDP2Engine
 
-    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=0, world_size=1)
-    try:
-        result = {}
-        for offload in (False, True):
-            model, tokenizer = build_tiny("nano", seed=1)
-            data = batches(tokenizer.pad_token_id, model)
-            engine = FSDP2Engine(model, mesh=init_device_mesh("cpu", (1,)), offload_param=offload,
-                                 **OPTIONS)
-            metrics = [engine.train_step(b, ppo_loss_fn()) for b in data]
-            result[offload] = {"metrics": metrics, "weights": engine.full_state_dict(),
-                               "policy": type(engine.model._get_fsdp_state()._fsdp_param_group
-                                              .offload_policy).__name__}
-        torch.save(result, out)
-    finally:
-        dist.destroy_process_group()
+    result = {}
+    for offload in (False, True):
+        model, tokenizer = build_tiny("nano", seed=1)
+        data = batches(tokenizer.pad_token_id, model)
+        engine = FSDP2Engine(model, mesh=init_device_mesh("cpu", (1,)), offload_param=offload,
+                             **OPTIONS)
+        metrics = [engine.train_step(b, ppo_loss_fn()) for b in data]
+        result[offload] = {"metrics": metrics, "weights": engine.full_state_dict(),
+                           "policy": type(engine.model._get_fsdp_state()._fsdp_param_group
+                                          .offload_policy).__name__}
+    torch.save(result, out)
 
 
 def test_offloaded_shards_train_like_shards_on_the_device(tmp_path):
     out = tmp_path / "offload.pt"
-    mp.spawn(_offloaded, args=(str(tmp_path / "rendezvous"), str(out)), nprocs=1, join=True)
+    spawn(_offloaded, 1, tmp_path, str(out))
     result = torch.load(out, weights_only=False)
     assert result[True]["policy"] == "CPUOffloadPolicy"
     assert result[False]["policy"] == "OffloadPolicy"
