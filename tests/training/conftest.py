@@ -83,37 +83,47 @@ def sft_base(tmp_path_factory, tiny_cache) -> Path:
     return folder
 
 
-def _golden_runs(base: Path, folders, devices: int):
-    """`get(algorithm)`: the comparable metrics of the golden test's spec on `devices` ranks
-    (in process on one, on the session's Ray on more), each made once per session."""
-    from golden_runs import comparable, golden_run_spec
-    from test_trainer import read_metrics
+class GoldenRuns:
+    """`runs(algorithm)`: the comparable metrics of the golden test's spec on `devices` ranks (in
+    process on one, on the session's Ray on more), each made once per session;
+    `runs.folder(algorithm)`: that run's output folder."""
 
-    from rl_core.recipes import run
-    from rl_core.spec import resolve_spec
+    def __init__(self, base: Path, folders, devices: int):
+        self.base, self.folders, self.devices = base, folders, devices
+        self.runs: dict[str, tuple[Path, list[dict]]] = {}
 
-    runs: dict[str, list[dict]] = {}
+    def __call__(self, algorithm: str) -> list[dict]:
+        return self._made(algorithm)[1]
 
-    def get(algorithm: str) -> list[dict]:
-        if algorithm not in runs:
-            out = folders.mktemp(f"golden-{algorithm}-{devices}") / "run"
-            run(resolve_spec(golden_run_spec(algorithm, base, out, devices)),
-                backend="local" if devices == 1 else "ray")
-            runs[algorithm] = comparable(read_metrics(out))
-        return runs[algorithm]
+    def folder(self, algorithm: str) -> Path:
+        return self._made(algorithm)[0]
 
-    return get
+    def _made(self, algorithm: str) -> tuple[Path, list[dict]]:
+        from golden_runs import THREADS, comparable, golden_run_spec, torch_threads
+        from test_trainer import read_metrics
+
+        from rl_core.recipes import run
+        from rl_core.spec import resolve_spec
+
+        if algorithm not in self.runs:
+            out = self.folders.mktemp(f"golden-{algorithm}-{self.devices}") / "run"
+            with torch_threads(THREADS):
+                run(resolve_spec(golden_run_spec(algorithm, self.base, out, self.devices)),
+                    backend="local" if self.devices == 1 else "ray")
+            self.runs[algorithm] = out, comparable(read_metrics(out))
+        return self.runs[algorithm]
 
 
 @pytest.fixture(scope="session")
 def plain_run(sft_base, tmp_path_factory):
     """`plain_run(algorithm)`: the comparable metrics of the golden spec's run on one rank with
     the plain engine, in process (made once per session and algorithm)."""
-    return _golden_runs(sft_base, tmp_path_factory, 1)
+    return GoldenRuns(sft_base, tmp_path_factory, 1)
 
 
 @pytest.fixture(scope="session")
 def ray_run(sft_base, tmp_path_factory, local_ray):
-    """`ray_run(algorithm)`: the comparable metrics of the golden spec's run on two
-    deterministic Ray ranks (made once per session and algorithm)."""
-    return _golden_runs(sft_base, tmp_path_factory, 2)
+    """`ray_run(algorithm)`: the comparable metrics of the golden spec's run on two sharded,
+    deterministic Ray ranks (made once per session and algorithm); `ray_run.folder(algorithm)`
+    its output folder."""
+    return GoldenRuns(sft_base, tmp_path_factory, 2)

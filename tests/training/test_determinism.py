@@ -1,29 +1,29 @@
-"""`trainer.deterministic`: two runs of the tiny GRPO example, locally and on two Ray ranks, log
-bitwise-identical metrics and precision dumps (`tools.precision`, which compare as "no
-divergence"), and each stores a report of what every process set."""
+"""`trainer.deterministic`: two runs of a GRPO spec, locally (the tiny example) and on two sharded
+Ray ranks (the golden run), log bitwise-identical metrics and precision dumps (`tools.precision`,
+which compare as "no divergence"), and each stores a report of what every process set."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-import pytest
+from golden_runs import STEPS, comparable, golden_run_spec
 from test_trainer import read_metrics, tiny_spec
 
 from rl_core.determinism import DETERMINISTIC_ENV
 from rl_core.precision import compare
+from rl_core.recipes import run
 from rl_core.recipes.rl import RLTrainer
 from rl_core.spec import resolve_spec
-from rl_core.tracking import stable_metrics
 
 
-def deterministic_run(out: Path, backend: str, ranks: list[int] = [0], **sections) -> list[dict]:
+def deterministic_run(out: Path) -> list[dict]:
+    """The tiny GRPO example in process, deterministic, with precision dumps of step 2."""
     spec = resolve_spec(tiny_spec(
         out, trainer={"total_steps": 2, "deterministic": True},
-        tools={"precision": {"enable": True, "steps": [2], "ranks": ranks}}, **sections))
-    RLTrainer(spec, backend=backend).fit()
-    return [{k: v for k, v in stable_metrics(m).items() if not k.startswith("channel/")}
-            for m in read_metrics(out)]
+        tools={"precision": {"enable": True, "steps": [2], "ranks": [0]}}))
+    RLTrainer(spec, backend="local").fit()
+    return comparable(read_metrics(out))
 
 
 def report(out: Path) -> dict:
@@ -49,8 +49,8 @@ def assert_same_dumps(a: Path, b: Path, workers: set[str]) -> None:
 
 
 def test_two_local_runs_are_bitwise_identical_and_say_what_was_set(tmp_path, tiny_cache):
-    first = deterministic_run(tmp_path / "a", "local")
-    second = deterministic_run(tmp_path / "b", "local")
+    first = deterministic_run(tmp_path / "a")
+    second = deterministic_run(tmp_path / "b")
     assert len(first) == 2 and first == second  # floats compared exactly
     assert_same_dumps(tmp_path / "a", tmp_path / "b",
                       {"controller-rank0", "actor-rank0", "reference-rank0"})
@@ -64,16 +64,17 @@ def test_two_local_runs_are_bitwise_identical_and_say_what_was_set(tmp_path, tin
             k: v for k, (v, _) in DETERMINISTIC_ENV.items()}
 
 
-@pytest.mark.usefixtures("local_ray")
-def test_two_runs_on_two_ray_ranks_are_bitwise_identical(tmp_path, tiny_cache):
-    two = {"resources": {"devices_per_node": 2}}
-    first = deterministic_run(tmp_path / "a", "ray", ranks=[0, 1], **two)
-    second = deterministic_run(tmp_path / "b", "ray", ranks=[0, 1], **two)
-    assert len(first) == 2 and first == second
-    assert_same_dumps(tmp_path / "a", tmp_path / "b", {
+def test_two_runs_on_two_ray_ranks_are_bitwise_identical(tmp_path, sft_base, ray_run):
+    """The golden GRPO run on two sharded, deterministic Ray ranks (test_golden.py's, with
+    precision dumps of step 2 on both ranks; made once per session) and the same spec again."""
+    first, again = ray_run.folder("grpo"), tmp_path / "again"
+    run(resolve_spec(golden_run_spec("grpo", sft_base, again, 2)), backend="ray")
+    second = comparable(read_metrics(again))
+    assert second[-1]["step"] == STEPS and ray_run("grpo") == second  # floats compared exactly
+    assert_same_dumps(first, again, {
         "controller-rank0", "actor-rank0", "actor-rank1", "reference-rank0", "reference-rank1"})
-    made = report(tmp_path / "a")
-    assert made["consistent"], made["problems"]
+    made = report(first)
+    assert made["deterministic"] and made["consistent"], made["problems"]
     actors = [p for p in made["processes"] if p["role"] == "actor"]
     assert sorted(p["rank"] for p in actors) == [0, 1]
     assert len({p["pid"] for p in made["processes"]}) == len(made["processes"])  # own processes

@@ -1,6 +1,8 @@
-"""`actor.strategy: fsdp2` through the recipes: on two Ray ranks it equals the plain engine on one
-(the golden specs, both run here), the rollout's weights equal the trained ones after every sync,
-and a sharded checkpoint saved on two ranks resumes on one and exports to transformers."""
+"""`actor.strategy: fsdp2` through the recipes: packed on two Ray ranks under a token budget it
+equals the plain padded engine on one, the rollout's weights equal the trained ones after every
+sync, and a sharded checkpoint saved on two ranks resumes on one and exports to transformers.
+(Two sharded ranks equal the plain engine on one for each algorithm: the golden runs,
+test_golden.py.)"""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import json
 
 import pytest
 import torch
-from golden_runs import comparable, golden_spec
+from golden_runs import assert_close, comparable, golden_spec, sharded_spec
 from test_trainer import read_metrics
 
 from rl_core.errors import InputError
@@ -16,34 +18,12 @@ from rl_core.recipes import run
 from rl_core.recipes.rl import RLTrainer
 from rl_core.spec import resolve_spec
 
-
-def fsdp_spec(algorithm: str, base, out, devices: int, **trainer) -> dict:
-    spec = golden_spec(algorithm, base, out, devices)
-    spec["actor"] = {**spec.get("actor", {}), "strategy": "fsdp2"}
-    spec["trainer"] = {**spec["trainer"], **trainer}
-    return spec
-
-
-@pytest.mark.parametrize("algorithm", ["grpo", "ppo", "dpo"])
-def test_two_sharded_ranks_equal_the_plain_engine_on_one(algorithm, tmp_path, sft_base, local_ray,
-                                                         plain_run):
-    out = tmp_path / "run"
-    run(resolve_spec(fsdp_spec(algorithm, sft_base, out, 2)), backend="ray")
-    logged = comparable(read_metrics(out))
-    plain = plain_run(algorithm)
-    assert [r["step"] for r in logged] == [r["step"] for r in plain]
-    assert any(r.get("actor/grad_norm", 0) > 0 for r in plain)
-    for got, want in zip(logged, plain):
-        assert sorted(got) == sorted(want), got["step"]
-        assert_close(got, want)
-
-
 def test_packed_sharded_ranks_with_a_token_budget_equal_the_plain_padded_engine(
         tmp_path, sft_base, local_ray, plain_run):
     """PPO (actor, reference and critic sharded) with remove padding and Karmarkar–Karp
     micro-batches, its stages' rows balanced over the ranks by tokens: the plain run's metrics."""
     out = tmp_path / "run"
-    spec = fsdp_spec("ppo", sft_base, out, 2)
+    spec = sharded_spec("ppo", sft_base, out, 2)
     longest = resolve_spec(spec).data.max_prompt_length + resolve_spec(spec).rollout.max_new_tokens
     spec["actor"].update(use_remove_padding=True, use_dynamic_bsz=True,
                          max_token_len_per_gpu=2 * longest)
@@ -55,17 +35,8 @@ def test_packed_sharded_ranks_with_a_token_budget_equal_the_plain_padded_engine(
         assert_close(got, want)
 
 
-def assert_close(got: dict, want: dict) -> None:
-    """Equal up to the rounding of sums taken in another order. A clip fraction counts tokens
-    on either side of a threshold, and the critic's first values sit exactly on it (new values
-    = old values): there rounding moves a token or two, so a clip fraction may differ by 2 %."""
-    for name, value in want.items():
-        tolerance = {"abs": 0.02} if name.endswith("clipfrac") else {"rel": 1e-4, "abs": 1e-5}
-        assert got[name] == pytest.approx(value, **tolerance), (got["step"], name)
-
-
 def test_the_rollout_holds_the_trained_weights_after_every_update(tmp_path, sft_base):
-    trainer = RLTrainer(resolve_spec(fsdp_spec("grpo", sft_base, tmp_path / "run", 1)))
+    trainer = RLTrainer(resolve_spec(sharded_spec("grpo", sft_base, tmp_path / "run", 1)))
     try:
         actor = trainer.roles.actor.workers[0]
         for _ in range(2):
@@ -90,7 +61,7 @@ def test_the_rollout_holds_the_trained_weights_after_every_update(tmp_path, sft_
 
 def test_a_checkpoint_of_two_ranks_resumes_on_one(tmp_path, sft_base, local_ray, plain_run):
     out = tmp_path / "run"
-    interrupted = RLTrainer(resolve_spec(fsdp_spec("grpo", sft_base, out, 2)), backend="ray")
+    interrupted = RLTrainer(resolve_spec(sharded_spec("grpo", sft_base, out, 2)), backend="ray")
     for _ in range(2):
         interrupted.train_step()
         interrupted.step += 1
@@ -100,7 +71,7 @@ def test_a_checkpoint_of_two_ranks_resumes_on_one(tmp_path, sft_base, local_ray,
     _check_export(saved, tmp_path / "exported")
     with pytest.raises(InputError, match="saved with actor.strategy=fsdp2, this run uses torch"):
         RLTrainer(resolve_spec(golden_spec("grpo", sft_base, out, 1)))
-    resumed = RLTrainer(resolve_spec(fsdp_spec("grpo", sft_base, out, 1)))  # resume_mode auto
+    resumed = RLTrainer(resolve_spec(sharded_spec("grpo", sft_base, out, 1)))  # resume_mode auto
     assert resumed.step == 2
     resumed.fit()
     want = {r["step"]: r for r in plain_run("grpo")}  # a straight run (sharding changes nothing)

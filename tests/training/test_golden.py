@@ -1,6 +1,7 @@
 """Golden runs: seeded 5-step GRPO, PPO and DPO runs on the committed SFT base (right part of the
-time, so rewards differ within groups), in process and on two deterministic Ray ranks, whose
-metrics must stay what they were when recorded (tests/training/golden/*.json).
+time, so rewards differ within groups), in process with the plain engine and sharded (FSDP2) on
+two deterministic Ray ranks, whose metrics must stay what they were when recorded
+(tests/training/golden/*.json).
 
 A change to rl_core that is meant to keep behaviour (a restructuring, a new engine behind the
 same default) must leave these as they are: equal on a recorded kind of machine, within the
@@ -16,6 +17,7 @@ import pytest
 from golden_runs import (
     RECORD,
     STEPS,
+    assert_close,
     differences,
     machine,
     read_golden,
@@ -57,15 +59,16 @@ def test_metrics_equal_the_recorded_run(algorithm, devices, request):
 
 
 @pytest.mark.parametrize("algorithm", ["grpo", "ppo", "dpo"])
-def test_two_deterministic_ray_ranks_equal_one_rank_in_process(algorithm, plain_run, ray_run):
-    """Data parallelism changes no number but the rounding of sums split over two ranks (and
-    so, with each algorithm learning on one rank, each learns on two)."""
+def test_two_sharded_ray_ranks_equal_the_plain_engine_on_one_rank(algorithm, plain_run, ray_run):
+    """Data parallelism and sharding (FSDP2 on two Ray ranks) change no number but the rounding
+    of sums split over two ranks (and so, with each algorithm learning on one rank, each learns
+    on two)."""
     one, two = plain_run(algorithm), ray_run(algorithm)
     assert [r["step"] for r in one] == [r["step"] for r in two]
     assert any(r.get("actor/grad_norm", 0) > 0 for r in one), "the comparison needs real updates"
     for left, right in zip(one, two):
         assert sorted(left) == sorted(right), left["step"]
-        assert left == pytest.approx(right, rel=1e-4, abs=1e-6), left["step"]
+        assert_close(right, left)
 
 
 def test_the_tolerances_are_measured_and_refuse_a_change_beyond_them():
