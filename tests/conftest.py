@@ -10,6 +10,12 @@ import pytest
 # Real services for the end-to-end tests (Ray head, MLflow server, Celery worker).
 pytest_plugins = ["tests.stack"]
 
+# Every Ray the tests start (the local Ray, the Ray head, one a run starts for itself) runs its
+# workers at the tests' own priority. Ray's default niceness of 15 for workers lets any other
+# process that computes starve a run's ranks: beside two busy cores a two-rank test took 591 s
+# instead of 21, and beside the other test tier they waited on each other's collectives.
+os.environ.setdefault("RAY_worker_niceness", "0")
+
 
 # Cache keys of the API's rate limits: DRF throttles and failed bearer tokens per address.
 RATE_LIMIT_KEYS = ("throttle_*", "token-failures:*")

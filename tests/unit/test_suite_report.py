@@ -44,3 +44,10 @@ def test_the_closing_line_sums_both_tiers_and_counts_a_tier_without_summary_as_f
     assert last == "suite: 2800 passed, 2 failed, 9 skipped"
     _, last = tiers.closing_line({"training": "killed\n", "service": SERVICE}).splitlines()
     assert last == "suite: 2703 passed, 2 failed, 2 skipped"
+
+
+def test_each_tier_computes_on_half_the_cpus_unless_told(monkeypatch):
+    for cpus, threads in ((2, "1"), (1, "1"), (8, "4"), (None, "1")):
+        monkeypatch.setattr(tiers.os, "cpu_count", lambda cpus=cpus: cpus)
+        assert tiers.tier_threads({}) == {"OMP_NUM_THREADS": threads}, cpus
+    assert tiers.tier_threads({"OMP_NUM_THREADS": "3"}) == {}  # a setting of one's own stays
