@@ -325,7 +325,10 @@ def dispatch_env(ray_head, ray_head_token, mlflow_server, tmp_path, settings):
     db = connection.settings_dict
     database_url = f"postgres://{db['USER']}:{db['PASSWORD']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
     runs = tmp_path / "runs"
-    cache = os.environ.get("ASCENT_CACHE_DIR") or str(tmp_path / "cache")
+    # Built models (tiny:nano, the warm start tiny:small-addition: an SFT of about a minute) are
+    # cached where `make run` caches them, once per machine: each build's folder is named by a
+    # digest of its recipe, so a changed model or recipe is built afresh, never reused stale.
+    cache = os.environ.get("ASCENT_CACHE_DIR") or str(ROOT / "var" / "cache")
     settings.MLFLOW_TRACKING_URI = mlflow_server
     settings.RAY_AUTH_TOKEN = ray_head_token
     settings.ASCENT_RUNS_DIR = runs
@@ -333,11 +336,14 @@ def dispatch_env(ray_head, ray_head_token, mlflow_server, tmp_path, settings):
            "RAY_AUTH_TOKEN": ray_head_token, "ASCENT_RUNS_DIR": str(runs),
            "ASCENT_CACHE_DIR": cache, "ASCENT_JOB_PYTHON": sys.executable,
            "ASCENT_SCHEDULE_EVERY_S": "1", "ASCENT_WATCH_EVERY_S": "1",
-           "ASCENT_RECONCILE_EVERY_S": "3", "ASCENT_PROBE_EVERY_S": "3",
+           "ASCENT_RECONCILE_EVERY_S": "3", "ASCENT_PROBE_EVERY_S": "1",
            "PYTHONPATH": f"{ROOT / 'platform'}{os.pathsep}{ROOT}"}
     env.pop("RAY_ADDRESS", None)
-    subprocess.run([sys.executable, "-m", "celery", "-A", "ascent", "purge", "-f"], cwd=ROOT,
-                   env=env, capture_output=True, timeout=60, check=False)
+    # Tasks an earlier test queued are dropped, here on the broker the worker reads (a `celery
+    # purge` process would spend seconds starting Django to do the same).
+    from ascent.celery import app
+
+    app.control.purge()
     return env
 
 

@@ -64,6 +64,14 @@ class ConsoleWatch:
         return [e for e in self.errors if not any(p.search(e) for p in self.expected)]
 
 
+@pytest.fixture(autouse=True)
+def _fast_password_hashing(settings):
+    """Passwords hashed with MD5: the production PBKDF2 takes a quarter of a second per hash on
+    2 cores, and `team` makes five users with passwords for every test. Signing in checks a
+    password the same way with either hasher."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
 @pytest.fixture
 def console():
     return ConsoleWatch()

@@ -72,6 +72,24 @@ def test_submit_watch_clone_and_compare(page, team, sign_in, worker, local_clust
 
     expect(page).to_have_url(re.compile(r"/runs/\d+/$"))
     first = Run.objects.get()
+
+    # Clone it at once (a run can be cloned in any state), so both run side by side on the
+    # head's 2 CPUs: the form comes back with what differs from the preset; change the
+    # learning rate.
+    page.get_by_test_id("clone").click()
+    expect(page.get_by_label("Run name")).to_have_value("ui grpo (clone)")
+    expect(field(page, "model.path")).to_have_value("tiny:nano")
+    field(page, "actor.lr").fill("0.002")
+    page.get_by_role("button", name="Submit run").click()
+    expect(page).to_have_url(re.compile(r"/runs/\d+/$"))
+    second = Run.objects.exclude(pk=first.pk).get()
+    # the clone is the source's resolved spec with the one change, and it links back to it
+    expected = {**first.spec, "name": "ui grpo (clone)",
+                "actor": {**first.spec["actor"], "lr": 0.002}}
+    assert second.spec == expected and second.cloned_from_id == first.pk
+    expect(page.locator("#run-status dd", has_text=f"run #{first.pk}")).to_have_count(1)
+
+    page.goto(f"/runs/{first.pk}/")
     wait_for_state(page, "SUCCEEDED")
     first.refresh_from_db()
     expect(page.get_by_test_id("timeline")).to_contain_text("Ray job")
@@ -90,24 +108,12 @@ def test_submit_watch_clone_and_compare(page, team, sign_in, worker, local_clust
     assert "step 4:" in Path(download.value.path()).read_text()
     expect(page.get_by_test_id("checkpoints")).to_contain_text("checkpoints/step_4", timeout=20_000)
     expect(page.get_by_test_id("mlflow-link")).to_have_attribute("href", re.compile(first.mlflow_run_id))
+    # the source lists its clone
+    expect(page.locator("section", has_text="Clones and restarts")).to_contain_text(f"#{second.pk}")
     screenshot(page, "run")
 
-    # Clone: the form comes back with what differs from the preset; change the learning rate.
-    page.get_by_test_id("clone").click()
-    expect(page.get_by_label("Run name")).to_have_value("ui grpo (clone)")
-    expect(field(page, "model.path")).to_have_value("tiny:nano")
-    field(page, "actor.lr").fill("0.002")
-    page.get_by_role("button", name="Submit run").click()
-    expect(page).to_have_url(re.compile(r"/runs/\d+/$"))
-    second = Run.objects.exclude(pk=first.pk).get()
-    # the clone is the source's resolved spec with the one change, and it links back to it
-    expected = {**first.spec, "name": "ui grpo (clone)",
-                "actor": {**first.spec["actor"], "lr": 0.002}}
-    assert second.spec == expected and second.cloned_from_id == first.pk
-    expect(page.locator("#run-status dd", has_text=f"run #{first.pk}")).to_have_count(1)
+    page.goto(f"/runs/{second.pk}/")
     wait_for_state(page, "SUCCEEDED")
-    page.goto(f"/runs/{first.pk}/")  # the source lists its clone
-    expect(page.locator("section", has_text="Clones and restarts")).to_contain_text(f"#{second.pk}")
 
     page.goto("/runs/")
     expect(page.get_by_test_id(f"run-row-{second.pk}")).to_contain_text("Succeeded")
