@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/api_load.py [--runs 10000] [--clients 20] [--duration 10] \
         [--warmup 2] [--workers 2] [--threads 8] [--servers gthread,uvicorn] \
-        [--cases list,detail,big] [--big-clients 5] [--processes 4]
+        [--cases list,detail,big] [--big-clients 5] [--processes 4] [--streams 20]
 
 It creates a throwaway PostgreSQL database (a new database on the server of DATABASE_URL when
 that is set, else a throwaway server from scripts/testenv.py), migrates it, seeds N runs in bulk
@@ -17,7 +17,12 @@ keep-alive clients (http.client, threads spread over a few processes) for a fixe
 
 and prints req/s, p50/p90/p99 latency and errors for each, the CPU time gunicorn's processes
 spent per request (PostgreSQL's not counted: the steadiest figure on a busy machine) and the
-load average before and after. Everything is on loopback; the servers and the database are
+load average before and after. With --streams N it first opens N live log streams
+(`runs/<id>/logs/?follow=1` of a running run, 4 per user, the default per-user cap) and keeps
+them open through every case, while a probe asks `/healthz` every 0.2 s: it prints how many
+streams the server took (a threaded server takes ASCENT_LOG_STREAMS_PER_SYNC_PROCESS per
+process and refuses the rest with 429) and the probe's p50 and slowest answer and its failures
+(no answer within 1 s) per case. Everything is on loopback; the servers and the database are
 stopped and removed at the end. It never passes or fails on time.
 """
 
@@ -109,7 +114,7 @@ def seed(count: int) -> dict:
     from accounts.models import ApiToken, Membership, Project
     from clusters.models import Cluster
     from experiments.choices import RunState
-    from experiments.models import Experiment, Run
+    from experiments.models import Attempt, Experiment, LogChunk, Run
     from experiments.services import resolve_spec
     from rl_core.spec import PRESETS
 
@@ -139,7 +144,17 @@ def seed(count: int) -> dict:
         cursor.execute("ANALYZE")
     visible = Run.objects.filter(experiment__project__memberships__user=users[0])
     _, raw = ApiToken.issue(users[0], "bench")
-    return {"token": raw, "ids": list(visible.values_list("id", flat=True)[:500])}
+    # A running run with a log, in a project everyone is a member of, for the live streams.
+    watched = Project.objects.create(name="watched")
+    Membership.objects.bulk_create(Membership(project=watched, user=u, role="viewer") for u in users)
+    run = Run.objects.create(experiment=Experiment.objects.create(project=watched, name="live"),
+                             name="live", spec=specs["grpo"], algorithm="grpo",
+                             state=RunState.RUNNING, device_type="cpu", device_count=1)
+    attempt = Attempt.objects.create(run=run, number=1, cluster=clusters[0], device_count=1,
+                                     ray_submission_id=Attempt.submission_id(run.pk, 1))
+    LogChunk.objects.create(attempt=attempt, offset=0, text="step 1\n")
+    return {"token": raw, "ids": list(visible.values_list("id", flat=True)[:500]),
+            "stream_run": run.pk, "stream_tokens": [ApiToken.issue(u, "watch")[1] for u in users]}
 
 
 # --- server ---------------------------------------------------------------------------------
@@ -248,6 +263,55 @@ def drive(port, token, paths, clients, processes, warmup, duration, server_pgid)
             **{f"p{q}": pct(lat, q) for q in (50, 90, 99)}}
 
 
+class Streams:
+    """`count` live log streams held open (4 per user) until `close()`, and a probe that asks
+    /healthz every 0.2 s, timing each answer (1 s at most)."""
+
+    def __init__(self, port: int, run_id: int, tokens: list[str], count: int):
+        self.port, self.path, self.stop = port, f"/api/v1/runs/{run_id}/logs/?follow=1", threading.Event()
+        self.statuses: list[int] = []
+        self.conns = [self._open(tokens[(k // 4) % len(tokens)]) for k in range(count)]
+        self.probes: list[float | None] = []
+        self.prober = threading.Thread(target=self._probe, daemon=True)
+        self.prober.start()
+
+    def _open(self, token: str):
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        conn.request("GET", self.path, headers={"Authorization": f"Bearer {token}"})
+        response = conn.getresponse()
+        self.statuses.append(response.status)
+        if response.status == 200:
+            response.readline()  # the stream has begun; its socket stays open, unread
+        else:
+            response.read()
+        return conn
+
+    def _probe(self):
+        while not self.stop.wait(0.2):
+            t0 = time.perf_counter()
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=1)
+                conn.request("GET", "/healthz")
+                ok = conn.getresponse().status == 200
+                conn.close()
+            except (OSError, http.client.HTTPException):
+                ok = False
+            self.probes.append(time.perf_counter() - t0 if ok else None)
+
+    def take_probes(self) -> tuple[float, float, int]:
+        """p50 and slowest answer (ms) and failures since the last call."""
+        probes, self.probes = self.probes, []
+        answered = sorted(p for p in probes if p is not None)
+        slowest = 1000 * answered[-1] if answered else float("nan")
+        return pct(answered, 50), slowest, len(probes) - len(answered)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.prober.join()
+        for conn in self.conns:
+            conn.close()
+
+
 def pct(values: list[float], q: int) -> float:
     return 1000 * values[min(len(values) - 1, int(len(values) * q / 100))] if values else float("nan")
 
@@ -263,11 +327,12 @@ def cases(args, ids) -> list[tuple[str, list[str], int]]:
     return [(name, *table[name]) for name in args.cases.split(",")]
 
 
-def report(kind, name, clients, result, load) -> None:
+def report(kind, name, clients, result, load, probes=None) -> None:
+    health = "" if probes is None else f"   {probes[0]:6.1f} {probes[1]:7.1f} {probes[2]:4d}"
     print(f"{kind:8} {name:7} {clients:7d} {result['rps']:8.1f} {result['p50']:8.1f} "
           f"{result['p90']:8.1f} {result['p99']:8.1f} {result['errors']:6d} {result['requests']:8d}"
           f" {result['cpu_ms']:9.1f}"
-          f"   {load[0]:.2f} / {load[1]:.2f}", flush=True)
+          f"   {load[0]:.2f} / {load[1]:.2f}{health}", flush=True)
 
 
 def main() -> None:
@@ -283,6 +348,8 @@ def main() -> None:
     parser.add_argument("--servers", default="gthread,uvicorn")
     parser.add_argument("--cases", default="list,detail,big")
     parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument("--streams", type=int, default=0,
+                        help="live log streams held open beside the load, /healthz probed")
     parser.add_argument("--seed-only", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.seed_only is not None:
@@ -295,16 +362,30 @@ def main() -> None:
         print(f"seeded {args.runs} runs in {time.monotonic() - t0:.1f} s; "
               f"{os.cpu_count()} CPUs; workers {args.workers} x threads {args.threads}")
         print("server   case    clients    req/s   p50 ms   p90 ms   p99 ms errors requests"
-              " cpu ms/req   load before / after")
+              " cpu ms/req   load before / after"
+              + ("   healthz p50 ms, max ms, failed" if args.streams else ""))
         for kind in args.servers.split(","):
             proc = start_server(kind, env, args.port, args.workers, args.threads)
+            streams = None
             try:
+                if args.streams:
+                    streams = Streams(args.port, seeded["stream_run"], seeded["stream_tokens"],
+                                      args.streams)
+                    taken = streams.statuses.count(200)
+                    print(f"{kind:8} streams: {taken} of {args.streams} open, "
+                          f"{args.streams - taken} refused (statuses {sorted(set(streams.statuses))})",
+                          flush=True)
                 for name, paths, clients in cases(args, seeded["ids"]):
                     before = os.getloadavg()[0]
+                    if streams:
+                        streams.take_probes()
                     result = drive(args.port, seeded["token"], paths, clients, args.processes,
                                    args.warmup, args.duration, proc.pid)
-                    report(kind, name, clients, result, (before, os.getloadavg()[0]))
+                    report(kind, name, clients, result, (before, os.getloadavg()[0]),
+                           streams.take_probes() if streams else None)
             finally:
+                if streams:
+                    streams.close()
                 stop_server(proc)
 
 

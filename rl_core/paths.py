@@ -25,7 +25,6 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-TINY_PREFIX = "tiny:"
 KINDS = ("model", "data", "output")
 POLICY_ENV = "ASCENT_PATH_POLICY"
 
@@ -170,12 +169,15 @@ def path_problem(name: str, kind: str, path: str, policy: PathPolicy, *,
                  resolve: bool = False) -> str | None:
     """Why `path` (of field `name`, a `kind` path) is outside the policy, or None."""
     roots = policy.roots(kind)
-    if not roots or (kind == "model" and path.startswith(TINY_PREFIX)):
+    if kind == "model" and _is_tiny_preset(path):
         return None
     where = f"the {kind} roots of cluster {policy.cluster} ({', '.join(roots)})"
-    if not os.path.isabs(path):
+    if not os.path.isabs(path):  # refused with or without roots
+        under = f"under {where}" if roots else "on the cluster"
         return (f"{name} {path} is a relative path, which the job would resolve in its own "
-                f"working directory: give an absolute path under {where}")
+                f"temporary working directory: give an absolute path {under}")
+    if not roots:
+        return None
     normal = os.path.realpath(path) if resolve else _normal(path)
     if resolve:  # a root may itself be a link (/models -> /mnt/models)
         roots = (*roots, *(os.path.realpath(root) for root in roots))
@@ -183,6 +185,17 @@ def path_problem(name: str, kind: str, path: str, policy: PathPolicy, *,
         return None
     shown = path if normal == path else f"{path} (that is {normal})"
     return f"{name} {shown} is outside {where}"
+
+
+def _is_tiny_preset(path: str) -> bool:
+    """`tiny:<name>` of a built-in preset: no file is read, so no root applies (any other
+    `tiny:` text is a relative path like any other)."""
+    from rl_core.models.presets import parse_tiny_path  # torch-free
+
+    try:
+        return parse_tiny_path(path) is not None
+    except ValueError:
+        return False
 
 
 def env_policy(environ: Mapping[str, str] | None = None) -> PathPolicy | None:

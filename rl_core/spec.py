@@ -23,12 +23,14 @@ import json
 import math
 import re
 import types
+import unicodedata
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -103,7 +105,7 @@ def _scan(value: Any, max_depth: int, max_nodes: int, json_only: bool = False) -
         elif isinstance(node, list | tuple):
             children = enumerate(node)
         else:
-            problem = _scalar_problem(node) if json_only else None
+            problem = _scalar_problem(node) if json_only or isinstance(node, str) else None
             if problem:
                 return where, problem
             continue
@@ -118,11 +120,43 @@ def _scan(value: Any, max_depth: int, max_nodes: int, json_only: bool = False) -
         for key, child in children:
             if json_only and isinstance(node, Mapping) and not isinstance(key, str):
                 return where, f"key {key!r} must be text: quote it"
+            if isinstance(key, str) and "\x00" in key:
+                return where, f"key {key!r} holds a NUL character, which text may not hold"
             stack.append(((*path, str(key)), child, depth + 1))
     return None
 
 
+# Characters a name may not hold although they are text: controls (NUL, newline, escape, C1),
+# line and paragraph separators, and the bidirectional controls, which reorder what a reader
+# sees ("invoice\u202efdp.exe" shows as "invoiceexe.pdf"). PLAIN_TEXT_PATTERN says the same as a
+# regular expression (for OpenAPI documents, where Python and JavaScript read it alike).
+NOT_PLAIN_CHARS = r"\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069"
+PLAIN_TEXT_PATTERN = f"^[^{NOT_PLAIN_CHARS}]*$"
+_NOT_PLAIN_CHAR = re.compile(f"[{NOT_PLAIN_CHARS}]")
+
+
+def plain_text_problem(text: str) -> str | None:
+    """Why `text` is not one line of plain text (None when it is): a control character (NUL,
+    newline, tab, escape), a line separator or a bidirectional control such as a right-to-left
+    override. Any script and emoji are plain text."""
+    found = _NOT_PLAIN_CHAR.search(text)
+    if found is None:
+        return None
+    char = found.group()
+    code = f"U+{ord(char):04X}"
+    if char == "\x00":
+        return "holds a NUL character, which text may not hold: remove it"
+    if unicodedata.category(char) == "Cc":
+        return f"holds the control character {code}: use one line of plain text"
+    if char in "\u2028\u2029":
+        return f"holds the line separator {code}: use one line of plain text"
+    return (f"holds the bidirectional control {code} (such as a right-to-left override), which "
+            "changes how the text reads: use plain text")
+
+
 def _scalar_problem(value: Any) -> str | None:
+    if isinstance(value, str) and "\x00" in value:
+        return "holds a NUL character, which text may not hold: remove it"
     if isinstance(value, float) and not math.isfinite(value):
         return f"{value} is not a finite number: use a finite number"
     if isinstance(value, int) and not isinstance(value, bool) and not -MAX_INT <= value < MAX_INT:
@@ -149,6 +183,19 @@ def _bounded_json(value: Any) -> Any:
 JsonMapping = Annotated[dict[str, JsonValue], BeforeValidator(_bounded_json)]
 
 
+def _known_tiny(value: str | None) -> str | None:
+    """A `tiny:` name must be a built-in preset (the path policy lets only those through)."""
+    if value is not None:
+        from rl_core.models.presets import parse_tiny_path  # torch-free
+
+        parse_tiny_path(value)  # ValueError naming the presets
+    return value
+
+
+# A model folder, or the name of a built-in tiny model (`tiny:small`).
+ModelLocation = Annotated[str, AfterValidator(_known_tiny)]
+
+
 class _Strict(BaseModel):
     # Unknown keys are errors; numbers given for text fields (name: 2024) become text; floats
     # are finite (inf and nan are refused).
@@ -171,14 +218,14 @@ class _Strict(BaseModel):
 class ModelConfig(_Strict):
     """The policy model: what is trained and generates."""
 
-    path: str = Field(
+    path: ModelLocation = Field(
         "tiny:small",
         min_length=1,
         description="Hugging Face model folder, or `tiny:<size>` for the built-in tiny model "
         "used by tests and CPU runs (nano, small, base), or `tiny:small-addition`: tiny:small "
         "after a short SFT on two-digit addition, right about half the time (made on first use).",
     )
-    tokenizer_path: str | None = Field(
+    tokenizer_path: ModelLocation | None = Field(
         None, description="Tokenizer folder; null uses `model.path`."
     )
     dtype: Literal["bfloat16", "float16", "float32"] = Field(
@@ -527,7 +574,7 @@ class CriticConfig(_Strict):
     """The value model (PPO only)."""
 
     enable: bool = Field(False, description="Train a critic; PPO requires it, others forbid it.")
-    model_path: str | None = Field(
+    model_path: ModelLocation | None = Field(
         None, description="Critic initialisation; null uses `model.path`."
     )
     lr: float = Field(1e-5, gt=0, le=1, description="Critic learning rate.")
@@ -575,7 +622,7 @@ class RewardConfig(_Strict):
     timeout_s: float = Field(
         10.0, gt=0, le=3_600, description="Time limit per response for each function."
     )
-    reward_model: str | None = Field(
+    reward_model: ModelLocation | None = Field(
         None, description="Optional reward-model folder scored in addition."
     )
 
@@ -860,7 +907,8 @@ class RunSpec(_Strict):
     """Everything needed to start an RL post-training run."""
 
     algorithm: Algorithm = Field("grpo", description="grpo, dapo, ppo or dpo; selects the preset.")
-    name: str | None = Field(None, max_length=128, description="Free-form run name.")
+    name: str | None = Field(None, max_length=128,
+                             description="Free-form run name: one line of plain text.")
     seed: int = Field(1234, ge=0, lt=MAX_INT, description="Seed of every random generator.")
     model: ModelConfig = Field(default_factory=ModelConfig, description="The policy model.")
     data: DataConfig = Field(default_factory=DataConfig, description="Prompts and batching.")
@@ -885,6 +933,14 @@ class RunSpec(_Strict):
     tools: ToolsConfig = Field(
         default_factory=ToolsConfig, description="Profiling, precision, monitoring."
     )
+
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, name: str | None) -> str | None:
+        problem = plain_text_problem(name) if name else None
+        if problem:
+            raise ValueError(problem)
+        return name
 
     @model_validator(mode="after")
     def _check_rules(self) -> RunSpec:

@@ -11,6 +11,7 @@ from django.utils.dateparse import parse_date
 from django.utils.http import urlencode
 
 from audit.models import AuditEntry
+from experiments.queries import parse_id
 
 PAGE_SIZE = 50
 FILTERS = ("actor", "action", "object_type", "object_id", "project", "created_after", "created_before")
@@ -28,8 +29,9 @@ def filtered_entries(params):
     if action:
         kind = action.endswith(".")
         entries = entries.filter(action__startswith=action) if kind else entries.filter(action=action)
-    if params.get("project", "").isdigit():
-        entries = entries.filter(project_id=int(params["project"]))
+    project = parse_id(params.get("project"))
+    if project:
+        entries = entries.filter(project_id=project)
     for name, lookup in (("created_after", "gte"), ("created_before", "lt")):
         day = _date(params.get(name, ""))
         if day:

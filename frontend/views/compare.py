@@ -7,6 +7,7 @@ from django.contrib.auth.decorators import login_required
 from django.shortcuts import render
 
 from experiments.tracking import TrackingUnavailable, compare as tracked_metrics
+from experiments.queries import parse_id
 from frontend.views.common import ordered_spec, visible_runs
 from rl_core.spec import flatten_params
 
@@ -18,9 +19,9 @@ def _ids(params) -> list[int]:
     ids = []
     for value in params.getlist("runs"):
         for part in value.split(","):
-            part = part.strip().lstrip("#")
-            if part.isdigit() and int(part) not in ids:
-                ids.append(int(part))
+            number = parse_id(part.strip().lstrip("#"))
+            if number is not None and number not in ids:
+                ids.append(number)
     return ids[:MAX_RUNS]
 
 
@@ -65,7 +66,7 @@ def compare(request):
     try:
         tracked = tracked_metrics(runs, chosen)
     except TrackingUnavailable as exc:
-        tracked = {"keys": [], "history": {}, "mlflow_url": "", "error": str(exc)}
+        tracked = {"keys": [], "history": {}, "mlflow_url": "", "error": exc.shown_to(request.user)}
     keys = [key for key in chosen if key in tracked["keys"]]
     labels = {run.pk: f"#{run.pk} {run.name}".strip() for run in runs}
     context.update({

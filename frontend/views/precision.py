@@ -8,6 +8,7 @@ from django.contrib.auth.decorators import login_required
 from django.shortcuts import render
 
 from experiments.precision import NoDumps, Thresholds, compare_runs
+from experiments.queries import parse_id
 from experiments.tracking import TrackingUnavailable
 from frontend.views.common import visible_runs
 
@@ -71,7 +72,8 @@ def precision_compare(request):
     for side in ("a", "b"):
         value = params.get(side, "").strip().lstrip("#")
         if value:
-            run = runs.filter(pk=int(value)).first() if value.isdigit() else None
+            number = parse_id(value)
+            run = runs.filter(pk=number).first() if number else None
             if run is None:
                 errors[side] = (f"run {value} does not exist, or you are not a member of its "
                                 "project")
@@ -82,7 +84,9 @@ def precision_compare(request):
     if len(chosen) == 2 and not errors:
         try:
             report = compare_runs(chosen["a"], chosen["b"], thresholds)
-        except (NoDumps, TrackingUnavailable) as exc:
+        except TrackingUnavailable as exc:
+            context["error"] = exc.shown_to(request.user)
+        except NoDumps as exc:
             context["error"] = str(exc)
         else:
             context.update(report_context(report, params.get("stage", ""), thresholds))

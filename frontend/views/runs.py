@@ -254,7 +254,7 @@ def run_checkpoints(request, pk: int):
     try:
         rows = artifacts(run)
     except TrackingUnavailable as exc:
-        rows, context["error"] = [], str(exc)
+        rows, context["error"] = [], exc.shown_to(request.user)
     context["checkpoints"] = sorted((r for r in rows if r["step"] is not None),
                                     key=lambda r: r["step"], reverse=True)
     context["mlflow_url"] = rows[0]["url"] if rows else ""
@@ -301,7 +301,7 @@ def run_tools(request, pk: int):
         context["dumps"] = {"files": len(dumps), "steps": sorted(
             {int(d["path"].split("/")[1].removeprefix("step_")) for d in dumps})}
     except TrackingUnavailable as exc:
-        context["error"] = str(exc)
+        context["error"] = exc.shown_to(request.user)
     return render(request, "frontend/_run_tools.html", context)
 
 
@@ -318,8 +318,9 @@ def run_samples(request, pk: int):
                        for f in artifact_tree(run, "samples", depth=1)
                        if re.fullmatch(r"samples/step_\d+\.json", f["path"]))
         asked = request.GET.get("step", "")
-        step = int(asked) if asked.isdigit() and int(asked) in steps else (steps[-1] if steps else None)
-        context.update(steps=steps, step=step, following=not asked.isdigit())
+        chosen = int(asked) if asked.isascii() and asked.isdigit() else None
+        step = chosen if chosen in steps else (steps[-1] if steps else None)
+        context.update(steps=steps, step=step, following=chosen is None)
         if step is not None:
             table = read_json(run, f"samples/step_{step}.json") or {}
             columns = table.get("columns", [])
@@ -327,7 +328,7 @@ def run_samples(request, pk: int):
             context["table"] = {"columns": list(zip(columns, numeric)),
                                 "rows": [list(zip(row, numeric)) for row in table.get("data", [])]}
     except TrackingUnavailable as exc:
-        context["error"] = str(exc)
+        context["error"] = exc.shown_to(request.user)
     return render(request, "frontend/_run_samples.html", context)
 
 

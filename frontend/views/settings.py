@@ -22,9 +22,10 @@ from accounts import services as membership_rules
 from accounts.choices import InvitationState, Role
 from accounts.models import ApiToken, Invitation, Membership
 from accounts.queries import visible_projects
-from accounts.throttling import TokenCreateThrottle
+from accounts.throttling import InviteThrottle, TokenCreateThrottle
 from accounts.validation import InviteInput, RoleInput, TokenInput
 from experiments.models import Experiment
+from experiments.queries import parse_id
 from experiments.services import DomainError, RequestError, create_experiment
 from frontend.forms import ExperimentForm, ProjectForm
 
@@ -120,7 +121,7 @@ def member_action(request, pk):
         if op == "withdraw":
             invitation_id = request.POST.get("invitation", "")
             invitation = get_object_or_404(
-                project.invitations, pk=int(invitation_id) if invitation_id.isdigit() else 0)
+                project.invitations, pk=parse_id(invitation_id) or 0)
             membership_rules.withdraw(invitation)
             messages.success(request, f"Withdrew the invitation of {invitation.username}.")
             return back
@@ -150,6 +151,12 @@ def _invite(request, project, username, back):
         messages.error(request, f"Could not invite {username or 'anyone'}: {_errors(serializer)}")
         return back
     data = serializer.validated_data
+    throttle = InviteThrottle()
+    if not throttle.allow_request(request, None):
+        minutes = max(1, round(throttle.wait() / 60))
+        messages.error(request, f"Could not invite {username}: too many invitations sent; try "
+                                f"again in {minutes} minutes.")
+        return back
     membership_rules.invite(project, data["username"], data["role"], request.user)
     messages.success(request, f"Invited {username} to {project.name} as {data['role']}: "
                               "they become a member when they accept.")

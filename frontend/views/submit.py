@@ -19,7 +19,7 @@ from experiments.models import Run
 from experiments.starter import starter_spec
 from frontend import specform
 from frontend.views.common import run_or_404, writable_experiments
-from experiments.queries import visible_runs
+from experiments.queries import parse_id, visible_runs
 from rl_core.memory_plan import GIB, PHASES
 from rl_core.spec import PRESETS, SpecError, parse_spec_yaml, resolve_spec
 
@@ -151,8 +151,9 @@ def submit(request):
         algorithm = request.GET.get("algorithm")
         editor = Editor.from_spec(starter_spec(algorithm if algorithm in PRESETS else "grpo"))
         fields, source = {}, None
-        if request.GET.get("clone", "").isdigit():
-            source = run_or_404(request.user, int(request.GET["clone"]))
+        clone = parse_id(request.GET.get("clone"))
+        if clone:
+            source = run_or_404(request.user, clone)
             # the fields hold what the source's resolved spec has beyond the preset: submitted
             # unchanged, the clone resolves to exactly the same spec
             spec = specform.minimal(source.spec)

@@ -11,6 +11,7 @@ from django.db import models
 from django.utils import timezone
 
 from accounts.choices import ADMIN_ROLES, WRITE_ROLES, InvitationState, Role
+from ascent.validators import plain_text
 
 TOKEN_PREFIX = "asc_"
 
@@ -117,13 +118,16 @@ class ApiToken(models.Model):
     user = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens"
     )
-    name = models.CharField(max_length=100)
+    name = models.CharField(max_length=100, validators=[plain_text])
     prefix = models.CharField(max_length=12, help_text="The first characters, to recognise it.")
     key_hash = models.CharField(max_length=64, unique=True, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
     expires_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.CASCADE, related_name="minted",
+        help_text="The token whose request created this one: revoking it revokes this one.")
 
     objects = ApiTokenQuerySet.as_manager()
 
@@ -134,12 +138,13 @@ class ApiToken(models.Model):
         return f"{self.name} ({self.prefix}…) of {self.user}"
 
     @classmethod
-    def issue(cls, user, name: str, expires_at=None) -> tuple[ApiToken, str]:
-        """Create a token; returns the row and the raw token, which is never stored."""
+    def issue(cls, user, name: str, expires_at=None,
+              parent: ApiToken | None = None) -> tuple[ApiToken, str]:
+        """Create a token (`parent`: the token whose request creates it); returns the row and
+        the raw token, which is never stored."""
         raw = TOKEN_PREFIX + secrets.token_urlsafe(32)
-        token = cls.objects.create(
-            user=user, name=name, prefix=raw[:12], key_hash=hash_token(raw), expires_at=expires_at
-        )
+        token = cls.objects.create(user=user, name=name, prefix=raw[:12], key_hash=hash_token(raw),
+                                   expires_at=expires_at, parent=parent)
         return token, raw
 
     @property
@@ -149,6 +154,14 @@ class ApiToken(models.Model):
         return self.expires_at is None or self.expires_at > timezone.now()
 
     def revoke(self) -> None:
+        """Revoke this token and every token minted with it, at any depth: a stolen token
+        cannot outlive its revocation through the tokens it made."""
+        now = timezone.now()
+        family, generation = [self.pk], [self.pk]
+        while generation:
+            generation = list(ApiToken.objects.filter(parent_id__in=generation)
+                              .values_list("pk", flat=True))
+            family += generation
+        ApiToken.objects.filter(pk__in=family, revoked_at__isnull=True).update(revoked_at=now)
         if self.revoked_at is None:
-            self.revoked_at = timezone.now()
-            self.save(update_fields=["revoked_at"])
+            self.revoked_at = now

@@ -4,6 +4,7 @@ project always keeps an owner."""
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.http import Http404
@@ -34,6 +35,13 @@ def invite(project: Project, username: str, role: Role | str, invited_by) -> Inv
     if project.memberships.filter(user__username=username).exists():
         raise DomainError(f"{username} is already a member; change their role instead.")
     with transaction.atomic():
+        Project.objects.select_for_update().filter(pk=project.pk).first()  # one invite at a time
+        pending = project.invitations.filter(state=InvitationState.PENDING)
+        limit = settings.ASCENT_INVITATIONS_PENDING_MAX
+        if pending.count() >= limit and not pending.filter(username=username).exists():
+            raise DomainError(
+                f"{project.name} already has {limit} pending invitations, the limit "
+                "(ASCENT_INVITATIONS_PENDING_MAX): withdraw some, or wait until they are answered.")
         invitation, created = Invitation.objects.select_for_update().get_or_create(
             project=project, username=username, state=InvitationState.PENDING,
             defaults={"role": role, "invited_by": invited_by},

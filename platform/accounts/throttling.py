@@ -1,6 +1,7 @@
 """Rate limits whose rates are read from REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"] on each use
 (DRF's own classes read them once, at import), so a changed setting applies at once; among them
-the limit on new API tokens per user, applied by the REST API and the settings page alike."""
+the limits on new API tokens and on invitations per user, applied by the REST API and the settings
+page alike."""
 
 from __future__ import annotations
 
@@ -25,6 +26,15 @@ class TokenCreateThrottle(SettingsRate, throttling.SimpleRateThrottle):
     """ASCENT_TOKEN_CREATE_RATE: new tokens per user, through the API and the settings page."""
 
     scope = "token-create"
+
+    def get_cache_key(self, request, view):
+        return self.cache_format % {"scope": self.scope, "ident": request.user.pk}
+
+
+class InviteThrottle(SettingsRate, throttling.SimpleRateThrottle):
+    """ASCENT_INVITE_RATE: invitations a user sends, through the API and the settings page."""
+
+    scope = "invite"
 
     def get_cache_key(self, request, view):
         return self.cache_format % {"scope": self.scope, "ident": request.user.pk}

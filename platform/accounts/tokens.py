@@ -49,4 +49,4 @@ def _check_max(days: int) -> None:
 
 def issue_token(user, name: str, days: int | None = None, parent: ApiToken | None = None):
     """Create a token with a checked lifetime; returns the row and the raw token (shown once)."""
-    return ApiToken.issue(user, name, expires_at=token_expiry(days, parent))
+    return ApiToken.issue(user, name, expires_at=token_expiry(days, parent), parent=parent)

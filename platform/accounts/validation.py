@@ -71,8 +71,10 @@ class TokenInput(serializers.ModelSerializer):
         return attrs
 
     def create(self, validated_data):
+        auth = getattr(self.context["request"], "auth", None)
         token, raw = ApiToken.issue(self.context["request"].user, validated_data["name"],
-                                    validated_data["expires_at"])
+                                    validated_data["expires_at"],
+                                    parent=auth if isinstance(auth, ApiToken) else None)
         token.raw = raw
         return token
 

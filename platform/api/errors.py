@@ -8,11 +8,12 @@ wrong (for a run spec, `spec.` followed by the spec's own field path).
 
 from __future__ import annotations
 
+import logging
+from collections import Counter
 from collections.abc import Iterator
 
-from collections import Counter
-
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db import IntegrityError
 from django.db.models import ProtectedError
 from rest_framework import exceptions, status
 from rest_framework.response import Response
@@ -21,6 +22,8 @@ from rest_framework.views import exception_handler as drf_exception_handler
 from experiments.services import DomainError, RequestError
 from experiments.tracking import TrackingUnavailable
 from rl_core.spec import SpecError
+
+log = logging.getLogger(__name__)
 
 _CODES = {
     400: "invalid",
@@ -66,7 +69,7 @@ class MetricsStoreUnavailable(exceptions.APIException):
     """experiments.tracking.TrackingUnavailable as an API error: 503 with its message."""
 
     status_code = status.HTTP_503_SERVICE_UNAVAILABLE
-    default_detail = "The metrics store (MLflow) cannot be reached; try again shortly."
+    default_detail = TrackingUnavailable.PUBLIC
     default_code = "tracking_unavailable"
 
 
@@ -85,16 +88,24 @@ def exception_handler(exc, context):
     elif isinstance(exc, DjangoValidationError):
         exc = exceptions.ValidationError(exc.message_dict if hasattr(exc, "error_dict") else exc.messages)
     elif isinstance(exc, TrackingUnavailable):
-        exc = MetricsStoreUnavailable(str(exc))
-    elif isinstance(exc, DomainError):
-        return Response(_body("conflict", str(exc)), status=status.HTTP_409_CONFLICT)
-    elif isinstance(exc, ProtectedError):
-        return Response(_body("conflict", _protected_message(exc)), status=status.HTTP_409_CONFLICT)
+        # the reason names the store's internal address: it goes to the log, not to the client
+        log.warning("the metrics store did not answer: %s", exc.reason)
+        exc = MetricsStoreUnavailable()
+    elif isinstance(exc, DomainError | ProtectedError | IntegrityError):
+        # (the audit middleware rolls back the request's transaction on any API error)
+        if isinstance(exc, IntegrityError) and not isinstance(exc, ProtectedError):
+            # a race the services' locks do not cover
+            log.warning("a write conflicted with a concurrent one: %s", exc)
+            detail = ("This change conflicted with a concurrent one (such as a delete) and was "
+                      "not made: reload and try again.")
+        else:
+            detail = _protected_message(exc) if isinstance(exc, ProtectedError) else str(exc)
+        return Response(_body("conflict", detail), status=status.HTTP_409_CONFLICT)
 
     response = drf_exception_handler(exc, context)
     if response is None:
         return None
-    code = _CODES.get(response.status_code, "error")
+    code = _CODES.get(response.status_code) or getattr(exc, "default_code", "error")
     if isinstance(exc, exceptions.ValidationError):
         errors = list(flatten_errors(exc.detail))
         fields = sorted({e["field"] for e in errors if e["field"]})

@@ -40,23 +40,29 @@ def _attempt(run: Run, number: int | None) -> Attempt | None:
     return attempt
 
 
-def _int(params, name: str, default: int | None, minimum: int = 0) -> int | None:
+# Bounds of the query parameters (the OpenAPI document says the same, api/views.py).
+ATTEMPT_MAX = 2**31 - 1
+OFFSET_MAX = 2**62  # characters; PostgreSQL's bigint holds the offset arithmetic of _read
+MAX_POINTS_MAX = 10_000
+
+
+def _int(params, name: str, default: int | None, minimum: int, maximum: int) -> int | None:
+    """A whole-number parameter in ASCII digits (int() would also take "+1", " 1", "1_0" and
+    other scripts' digits) within [minimum, maximum], or a 400 naming it."""
     raw = params.get(name)
     if raw in (None, ""):
         return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValidationError({name: [f"must be an integer, got {raw!r}"]}) from None
-    if value < minimum:
-        raise ValidationError({name: [f"must be at least {minimum}"]})
-    return value
+    raw = str(raw)  # the follow stream passes its own numbers
+    if not (raw.isascii() and raw.isdigit()) or not minimum <= int(raw) <= maximum:
+        raise ValidationError({name: [
+            f"must be a whole number from {minimum} to {maximum}, got {raw[:40]!r}"]})
+    return int(raw)
 
 
 def log_page(run: Run, params) -> dict:
     """The attempt's log text after `offset` (characters), as the worker stored it."""
-    attempt = _attempt(run, _int(params, "attempt", None, minimum=1))
-    offset = _int(params, "offset", 0)
+    attempt = _attempt(run, _int(params, "attempt", None, 1, ATTEMPT_MAX))
+    offset = _int(params, "offset", 0, 0, OFFSET_MAX)
     if attempt is None:
         return {"attempt": None, "offset": 0, "text": "", "complete": run.is_terminal}
     text, end = _read(attempt, offset)
@@ -92,12 +98,13 @@ class EventStreamRenderer(BaseRenderer):
 def follow_logs(run: Run, request) -> StreamingHttpResponse:
     """Server-sent events: `log` events with {"offset", "text"} as text arrives, a `: keep-alive`
     comment after ASCENT_LOG_STREAM_HEARTBEAT_S quiet seconds, then `end` when the run is over
-    or the stream's time limit is reached. Holds one of the user's stream slots while open.
+    or the stream's time limit is reached. Holds one of the user's stream slots and one of the
+    service's while open (api.stream_slots).
     Under ASGI the stream is an async generator (no thread held between polls); under WSGI a
     plain generator (Django would buffer an async one whole)."""
     follow = _Follow(run, log_page(run, request.query_params))
-    slot = stream_slots.acquire(request.user.pk)
     is_asgi = isinstance(getattr(request, "_request", request), ASGIRequest)
+    slot = stream_slots.acquire(request.user.pk, sync=not is_asgi)
     events = _async_events(follow, slot) if is_asgi else _sync_events(follow, slot)
     response = _LogStreamResponse(events, slot, content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
@@ -195,7 +202,7 @@ def _event(name: str, data: dict) -> str:
 def metrics(run: Run, params) -> dict:
     """Metric keys, latest values and (for `keys=a,b`) histories down-sampled to `max_points`."""
     keys = [k for k in (params.get("keys") or "").split(",") if k]
-    return tracking.run_metrics(run, keys, _int(params, "max_points", 500, minimum=2))
+    return tracking.run_metrics(run, keys, _int(params, "max_points", 500, 2, MAX_POINTS_MAX))
 
 
 def utilisation(cluster: Cluster, user) -> dict:

@@ -28,8 +28,15 @@ ERROR_DESCRIPTIONS = {
     "415": "Unsupported Content-Type: send application/json.",
     "429": "Too many requests: wait for the seconds in Retry-After.",
 }
+# One event of the stream (OpenAPI 3.0: a text/event-stream schema describes each event, as
+# its fields; OpenAPI 3.2 names that `itemSchema`).
 EVENT_STREAM = {
-    "type": "string",
+    "type": "object",
+    "properties": {
+        "event": {"type": "string", "enum": ["log", "end"]},
+        "data": {"type": "string", "description": "The event's JSON object, as text."},
+    },
+    "required": ["event", "data"],
     "description": (
         "Server-sent events. `event: log` with data {\"attempt\": int, \"offset\": int, "
         "\"text\": str} as the log grows (`offset` is where the next read starts); then one "

@@ -15,6 +15,7 @@ from accounts.queries import visible_projects
 from accounts.validation import InviteInput, RoleInput, TokenInput
 from api.parsers import StrictJSONDecoder
 from api.strict import JSONObjectField, StrictInputMixin, StrictModelSerializer, StrictSerializer
+from ascent.validators import plain_text
 from clusters.models import ROOT_FIELDS, Cluster, Node, normalize_roots
 from clusters.services import cluster_capacity
 from experiments.limits import MAX_RESTARTS, PRIORITY
@@ -121,6 +122,8 @@ class ProjectSerializer(StrictModelSerializer):
         model = Project
         fields = ["id", "name", "description", "created_at", "my_role"]
         read_only_fields = ["created_at"]
+        extra_kwargs = {"name": {"help_text": "Unique among all projects (a taken name is a 400 "
+                                              "naming `name`)."}}
 
     @extend_schema_field(serializers.ChoiceField(choices=Role.choices, allow_null=True))
     def get_my_role(self, obj):
@@ -169,6 +172,7 @@ class ExperimentSerializer(StrictModelSerializer):
         fields = ["id", "project", "name", "description", "mlflow_experiment_id", "created_by",
                   "created_at", "run_count"]
         read_only_fields = ["mlflow_experiment_id", "created_at"]
+        extra_kwargs = {"name": {"help_text": "Unique within its project (a taken name is a 400)."}}
         validators = [
             serializers.UniqueTogetherValidator(
                 queryset=Experiment.objects.all(), fields=["project", "name"],
@@ -304,7 +308,8 @@ class SubmissionFields(StrictSerializer):
 
 class RunSubmitSerializer(SubmissionFields):
     experiment = serializers.PrimaryKeyRelatedField(queryset=Experiment.objects.none())
-    name = serializers.CharField(max_length=128, required=False, allow_blank=True, default="")
+    name = serializers.CharField(max_length=128, required=False, allow_blank=True, default="",
+                                 validators=[plain_text])
     priority = serializers.IntegerField(
         min_value=PRIORITY.low, max_value=PRIORITY.high, default=PRIORITY.default,
         error_messages=PRIORITY.error_messages(), help_text="Higher runs first.")
@@ -404,7 +409,8 @@ class ValidationResultSerializer(serializers.Serializer):
 
 
 class CloneSerializer(StrictSerializer):
-    name = serializers.CharField(max_length=128, required=False, allow_blank=True, default="")
+    name = serializers.CharField(max_length=128, required=False, allow_blank=True, default="",
+                                 validators=[plain_text])
     priority = serializers.IntegerField(min_value=PRIORITY.low, max_value=PRIORITY.high,
                                         required=False, error_messages=PRIORITY.error_messages())
     overrides = serializers.ListField(

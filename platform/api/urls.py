@@ -5,8 +5,20 @@ from rest_framework.routers import DefaultRouter
 
 from api import views
 from audit.api import AuditEntryViewSet
+from experiments.queries import ID_PATTERN
 
-router = DefaultRouter()
+
+class Router(DefaultRouter):
+    """Ids in paths are ASCII digits (`runs/+1/` and `runs/١/` are not run 1), and no action
+    takes a format suffix (`runs/1/events.json`): the API answers JSON, and a suffix is a 404."""
+
+    include_format_suffixes = False
+
+    def get_lookup_regex(self, viewset, lookup_prefix=""):
+        return f"(?P<{lookup_prefix}{viewset.lookup_url_kwarg or viewset.lookup_field}>{ID_PATTERN})"
+
+
+router = Router()
 router.register("clusters", views.ClusterViewSet, basename="cluster")
 router.register("nodes", views.NodeViewSet, basename="node")
 router.register("projects", views.ProjectViewSet, basename="project")

@@ -22,7 +22,7 @@ from accounts import services as membership_rules
 from accounts.choices import InvitationState
 from accounts.models import ApiToken, Invitation, Project
 from accounts.queries import visible_projects
-from accounts.throttling import TokenCreateThrottle
+from accounts.throttling import InviteThrottle, TokenCreateThrottle
 from api import run_data
 from api import serializers as s
 from api.filters import ExperimentFilter, NodeFilter
@@ -34,7 +34,7 @@ from clusters.services import fitting_clusters, set_node_state
 from experiments import precision, services, tracking
 from experiments.filters import RunFilter
 from experiments.models import Experiment, Run
-from experiments.queries import visible_runs
+from experiments.queries import ID_MAX, parse_id, visible_runs
 from rl_core.spec import PRESETS, spec_json_schema
 
 ERRORS = {
@@ -109,12 +109,15 @@ class ProjectViewSet(viewsets.ModelViewSet):
             self.request.user, data["name"], data.get("description", ""))
 
     def perform_destroy(self, instance):
-        services.ensure_no_active_runs(Run.objects.filter(experiment__project=instance), "project")
-        instance.delete()
+        services.delete_project(instance)
 
     @extend_schema(responses={200: s.MembershipSerializer(many=True)}, methods=["GET"])
-    @extend_schema(request=s.InviteSerializer, responses={202: s.InvitationSerializer, **ERRORS},
-                   methods=["POST"])
+    @extend_schema(request=s.InviteSerializer, methods=["POST"], responses={
+        202: s.InvitationSerializer, **ERRORS,
+        409: OpenApiResponse(s.ErrorSerializer, description="Already a member, or the project has "
+                             "ASCENT_INVITATIONS_PENDING_MAX pending invitations."),
+        429: OpenApiResponse(s.ErrorSerializer, description="Too many invitations sent "
+                             "(ASCENT_INVITE_RATE); retry after Retry-After seconds.")})
     @action(detail=True, methods=["get", "post"], pagination_class=None, filter_backends=[])
     def members(self, request, pk=None):
         """List members (any member) or invite someone with a role (owners): they become a member
@@ -127,6 +130,9 @@ class ProjectViewSet(viewsets.ModelViewSet):
         serializer = s.InviteSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
+        throttle = InviteThrottle()
+        if not throttle.allow_request(request, self):
+            self.throttled(request, throttle.wait())
         invitation = membership_rules.invite(project, data["username"], data["role"], request.user)
         return Response(s.InvitationSerializer(invitation).data, status=status.HTTP_202_ACCEPTED)
 
@@ -194,8 +200,7 @@ class ExperimentViewSet(viewsets.ModelViewSet):
             data["project"], self.request.user, data["name"], data.get("description", ""))
 
     def perform_destroy(self, instance):
-        services.ensure_no_active_runs(instance.runs.all(), "experiment")
-        instance.delete()
+        services.delete_experiment(instance)
 
 
 # --- runs -----------------------------------------------------------------------------------
@@ -323,8 +328,12 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
 
     @extend_schema(
         parameters=[
-            OpenApiParameter("attempt", int, description="Attempt number (default: the latest)."),
-            OpenApiParameter("offset", int, description="Characters already read (default 0)."),
+            OpenApiParameter("attempt", {"type": "integer", "minimum": 1,
+                                         "maximum": run_data.ATTEMPT_MAX},
+                             description="Attempt number (default: the latest)."),
+            OpenApiParameter("offset", {"type": "integer", "minimum": 0,
+                                        "maximum": run_data.OFFSET_MAX},
+                             description="Characters already read (default 0)."),
             OpenApiParameter("follow", bool, description="Stream server-sent events (`log`, "
                              "then `end`) as the log grows; also with Accept: text/event-stream. "
                              "At most ASCENT_LOG_STREAMS_PER_USER streams per user at once (429 "
@@ -348,7 +357,9 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
         parameters=[
             OpenApiParameter("keys", str, description="Comma-separated metric names to return "
                              "histories of, e.g. reward/mean,actor/kl_loss."),
-            OpenApiParameter("max_points", int, description="Points per history, evenly "
+            OpenApiParameter("max_points", {"type": "integer", "minimum": 2,
+                                            "maximum": run_data.MAX_POINTS_MAX},
+                             description="Points per history, evenly "
                              "down-sampled keeping the first and last (default 500)."),
         ],
         responses={200: s.MetricsSerializer, **TRACKING_ERRORS})
@@ -359,8 +370,9 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
 
     @extend_schema(
         parameters=[
-            OpenApiParameter("against", int, required=True, description="The reference run "
-                             "(A): this run's dumps are checked against its."),
+            OpenApiParameter("against", {"type": "integer", "minimum": 1, "maximum": ID_MAX},
+                             required=True, description="The reference run (A): this run's "
+                             "dumps are checked against its."),
             OpenApiParameter("cosine_min", float, description="Lowest cosine similarity that "
                              "passes (full tensors; default 0.9999)."),
             OpenApiParameter("abs_max", float, description="Absolute error that passes "
@@ -378,11 +390,11 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
         """The precision comparison of this run's dumps (`tools.precision`) against the
         reference run `against`: where they part first. 409 when either has no dumps."""
         run = self.get_object()
-        against = request.query_params.get("against", "")
-        if not against.isdigit():
+        against = parse_id(request.query_params.get("against"))
+        if against is None:
             raise services.RequestError("against", "Give the reference run's id, e.g. "
                                                    "?against=12.")
-        reference = self.get_queryset().filter(pk=int(against)).first()
+        reference = self.get_queryset().filter(pk=against).first()
         if reference is None:
             raise services.RequestError("against", f"Run {against} does not exist, or you are "
                                                    "not a member of its project.")

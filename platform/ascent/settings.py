@@ -82,6 +82,8 @@ CONTENT_SECURITY_POLICY = {
 }
 
 ROOT_URLCONF = "ascent.urls"
+# Error reports (the DEBUG page, mails to admins) hide store addresses too: ascent/reporting.py
+DEFAULT_EXCEPTION_REPORTER_FILTER = "ascent.reporting.ReporterFilter"
 WSGI_APPLICATION = "ascent.wsgi.application"
 ASGI_APPLICATION = "ascent.asgi.application"
 
@@ -236,14 +238,21 @@ if ASCENT_TOKEN_MAX_DAYS and not 0 < ASCENT_TOKEN_DEFAULT_DAYS <= ASCENT_TOKEN_M
 ASCENT_API_RATE_USER = env_rate("ASCENT_API_RATE_USER", "1200/min")
 ASCENT_API_RATE_ANON = env_rate("ASCENT_API_RATE_ANON", "60/min")
 ASCENT_TOKEN_CREATE_RATE = env_rate("ASCENT_TOKEN_CREATE_RATE", "20/hour")
-# Failed bearer tokens per client address: beyond this many within the window, every bearer
-# request from that address is a 429 until the window ends, before any token is looked up.
+# Invitations: sent per user (API and settings page alike), and pending at once per project.
+ASCENT_INVITE_RATE = env_rate("ASCENT_INVITE_RATE", "30/hour")
+ASCENT_INVITATIONS_PENDING_MAX = env_int("ASCENT_INVITATIONS_PENDING_MAX", 50, minimum=1)
+# Failed bearer tokens per client address: beyond this many within the window, an invalid token
+# from that address is a 429 (not a 401) until the window ends; valid tokens still pass.
 ASCENT_TOKEN_FAILURE_LIMIT = env_int("ASCENT_TOKEN_FAILURE_LIMIT", 20, minimum=1)
 ASCENT_TOKEN_FAILURE_WINDOW_S = env_int("ASCENT_TOKEN_FAILURE_WINDOW_S", 600, minimum=1)
 # Live log streams (server-sent events): open at once per user (more are answered 429), a
 # keep-alive comment after this many quiet seconds, and the seconds after which a stream ends
 # (the client reconnects from its offset).
 ASCENT_LOG_STREAMS_PER_USER = env_int("ASCENT_LOG_STREAMS_PER_USER", 4, minimum=1)
+# ... and in all, across every web process; and per threaded (WSGI) process, whose threads they
+# hold (the ASGI worker holds none per stream).
+ASCENT_LOG_STREAMS_TOTAL = env_int("ASCENT_LOG_STREAMS_TOTAL", 200, minimum=1)
+ASCENT_LOG_STREAMS_PER_SYNC_PROCESS = env_int("ASCENT_LOG_STREAMS_PER_SYNC_PROCESS", 4, minimum=1)
 ASCENT_LOG_STREAM_HEARTBEAT_S = env_int("ASCENT_LOG_STREAM_HEARTBEAT_S", 15, minimum=1)
 ASCENT_LOG_STREAM_LIMIT_S = env_int("ASCENT_LOG_STREAM_LIMIT_S", 300, minimum=1)
 
@@ -270,7 +279,7 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_THROTTLE_CLASSES": ["api.throttling.UserRateThrottle", "api.throttling.AnonRateThrottle"],
     "DEFAULT_THROTTLE_RATES": {"user": ASCENT_API_RATE_USER, "anon": ASCENT_API_RATE_ANON,
-                               "token-create": ASCENT_TOKEN_CREATE_RATE},
+                               "token-create": ASCENT_TOKEN_CREATE_RATE, "invite": ASCENT_INVITE_RATE},
     "DEFAULT_RENDERER_CLASSES": [
         "rest_framework.renderers.JSONRenderer",
         "rest_framework.renderers.BrowsableAPIRenderer",

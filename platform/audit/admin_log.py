@@ -37,6 +37,7 @@ def _mirror(request, response, entry: LogEntry) -> None:
     object_type = _type_of(entry.content_type.app_label, entry.content_type.model)
     described = describe(object_type, entry.object_id, {})
     services.record(
+        strict=True,
         action=f"{object_type}.{VERBS.get(entry.action_flag, 'change')}", object_type=object_type,
         object_id=entry.object_id, object_repr=entry.object_repr,
         project_id=described[1] if described else None,
@@ -52,6 +53,7 @@ def _record_bulk_action(request, response, match) -> None:
     for object_id in request.POST.getlist("_selected_action"):
         described = describe(object_type, object_id, {})
         services.record(
+            strict=True,
             action=f"{object_type}.{action}", object_type=object_type, object_id=object_id,
             object_repr=described[0] if described else "", project_id=described[1] if described else None,
             details={"via": "admin"}, status=response.status_code, **_who(request),

@@ -5,9 +5,10 @@ from __future__ import annotations
 import django_filters
 from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
-from rest_framework import pagination, permissions, serializers, viewsets
+from rest_framework import permissions, serializers, viewsets
 
 from api.filters import IdFilter
+from api.pagination import RunCursorPagination
 from api.serializers import ErrorSerializer
 from audit.models import AuditEntry
 
@@ -49,10 +50,8 @@ class IsStaff(permissions.BasePermission):
         return bool(request.user and request.user.is_staff)
 
 
-class AuditPagination(pagination.CursorPagination):
+class AuditPagination(RunCursorPagination):
     ordering = ("-created_at", "-id")
-    page_size_query_param = "page_size"
-    max_page_size = 500
 
 
 ERRORS = {

@@ -4,6 +4,12 @@ One place per channel instead of a call in every view: after the response, the r
 name (e.g. `run-cancel`) and URL keywords name the action and the object (audit.routes); the
 actor is read from the request after the view, when DRF has authenticated bearer tokens.
 Failed writes (status 400 and above, or a form page that reported an error) record nothing.
+
+A write and its audit entry are one transaction: the request runs inside it and the entry is
+written before it commits, so a write is never kept without its entry. If the entry cannot be
+written (a 503 says so), or the request failed (a 5xx, or any API error), everything it did is
+rolled back; a write that conflicts with a concurrent one when it commits (a row another request
+deleted) is a 409, with nothing changed.
 """
 
 from __future__ import annotations
@@ -11,6 +17,8 @@ from __future__ import annotations
 import logging
 
 from django.contrib import messages
+from django.db import IntegrityError, OperationalError, transaction
+from django.http import HttpResponse, JsonResponse
 from django.utils import timezone
 
 from audit import admin_log, services
@@ -31,16 +39,36 @@ class AuditMiddleware:
     def __call__(self, request):
         if request.method in SAFE_METHODS:
             return self.get_response(request)
+        try:
+            with transaction.atomic():
+                return self._write(request)
+        except (IntegrityError, OperationalError) as exc:  # raised by the commit itself
+            log.warning("%s %s conflicted with a concurrent change: %s", request.method,
+                        request.path, exc)
+            return _failed(request, 409, "conflict", "This change conflicted with a concurrent "
+                           "one (such as a delete) and was not made: reload and try again.")
+
+    def _write(self, request):
         started, rows = timezone.now(), []
         token = created_rows.set(rows)
         try:
             response = self.get_response(request)
         finally:
             created_rows.reset(token)
+        if response.status_code >= 500 or (
+                response.status_code >= 400 and request.path.startswith("/api/")):
+            # A failed or refused API request keeps nothing it half did. (A refused sign-in
+            # keeps its failure: django-axes counts them in the database.)
+            transaction.set_rollback(True)
+            return response
         try:
             capture(request, response, rows, started)
         except Exception:
-            log.exception("Could not audit %s %s", request.method, request.path)
+            log.exception("Could not audit %s %s: nothing of it is kept", request.method,
+                          request.path)
+            transaction.set_rollback(True)
+            return _failed(request, 503, "audit_unavailable", "The change could not be "
+                           "recorded in the audit log, so it was not made: try again shortly.")
         return response
 
     def process_view(self, request, view_func, view_args, view_kwargs):
@@ -52,6 +80,13 @@ class AuditMiddleware:
         except Exception:
             log.exception("Could not describe the object of %s %s", request.method, request.path)
         return None
+
+
+def _failed(request, status: int, code: str, detail: str) -> HttpResponse:
+    """A refused write: JSON in the API's error shape under /api/, plain text elsewhere."""
+    if request.path.startswith("/api/"):
+        return JsonResponse({"error": code, "detail": detail}, status=status)
+    return HttpResponse(detail, status=status, content_type="text/plain; charset=utf-8")
 
 
 def _before(request):
@@ -94,6 +129,7 @@ def record_write(request, response, match, rows: list) -> None:
     described = describe(route.object_type, object_id, match.kwargs) or getattr(request, "audit_before", None)
     object_repr, project_id = described or ("", None)
     services.record(
+        strict=True,
         action=f"{route.object_type}.{verb}", object_type=route.object_type, object_id=object_id,
         object_repr=object_repr, project_id=project_id, details=_details(route, verb, match, body),
         status=response.status_code, **_who(request), **services.origin(request),
@@ -130,6 +166,7 @@ def _record_generic(request, response, match) -> None:
     """A write no route describes is recorded anyway, named by its view."""
     kwargs = {key: str(value)[:KEPT_CHARS] for key, value in match.kwargs.items()}
     services.record(
+        strict=True,
         action=f"unmapped.{request.method.lower()}", object_id=kwargs.get("pk", ""),
         details={"view": match.view_name, "kwargs": kwargs}, status=response.status_code,
         **_who(request), **services.origin(request),

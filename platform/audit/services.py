@@ -40,8 +40,12 @@ def actor(user, auth=None) -> dict:
             "auth_method": f"token {prefix}" if prefix else "session"}
 
 
-def record(**fields) -> AuditEntry | None:
-    """Store one entry; an error is logged and swallowed so that auditing never fails a request."""
+def record(*, strict: bool = False, **fields) -> AuditEntry | None:
+    """Store one entry. `strict` (a write's entry, in the write's transaction: audit.middleware)
+    raises when it cannot be stored, so the write is not kept either; otherwise (sign-ins, the
+    worker's events) the error is logged and swallowed."""
+    if strict:
+        return AuditEntry.objects.create(**_checked(fields))
     try:
         with transaction.atomic():
             return AuditEntry.objects.create(**_checked(fields))

@@ -7,6 +7,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
 from accounts.models import Project
+from ascent.validators import plain_text
 from clusters.choices import DeviceKind
 from clusters.models import Cluster
 from experiments.choices import TERMINAL_STATES, RunState
@@ -17,7 +18,7 @@ class Experiment(models.Model):
     """A named series of runs in a project; one MLflow experiment."""
 
     project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="experiments")
-    name = models.CharField(max_length=128)
+    name = models.CharField(max_length=128, validators=[plain_text])
     description = models.TextField(blank=True)
     mlflow_experiment_id = models.CharField(max_length=64, blank=True)
     created_by = models.ForeignKey(
@@ -52,7 +53,7 @@ class Run(models.Model):
     """One training job: a validated spec, a device request and a state."""
 
     experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="runs")
-    name = models.CharField(max_length=128, blank=True)
+    name = models.CharField(max_length=128, blank=True, validators=[plain_text])
     spec = models.JSONField(help_text="The resolved RunSpec (rl_core.spec), as the trainer reads it.")
     algorithm = models.CharField(max_length=16, db_index=True)
     state = models.CharField(

@@ -2,12 +2,29 @@
 
 from __future__ import annotations
 
+import re
+
 from django.db.models import DurationField, ExpressionWrapper, F, FloatField, Q, QuerySet
 
 from accounts.models import Membership
 from experiments.models import Run, RunTag
 
 ID_MAX = 2**63 - 1  # PostgreSQL bigint; every id column fits in it
+# An id as a path segment or parameter: ASCII digits only. Python's int() and str.isdigit() also
+# take "+1", " 1", "1_0", "١" (Arabic-Indic) and "²" (which int() then refuses), so one rule
+# decides what an id is everywhere, and a proxy matching [0-9]+ routes what the service serves.
+ID_PATTERN = "[0-9]{1,19}"
+_ID = re.compile(ID_PATTERN)
+
+
+def parse_id(text: str | None) -> int | None:
+    """`text` as a row id (1 to ID_MAX, ASCII digits, nothing around them), or None."""
+    if not text or not _ID.fullmatch(text):
+        return None
+    number = int(text)
+    return number if 1 <= number <= ID_MAX else None
+
+
 # The orders a run list offers by name; each ends with the id so that pages are stable.
 RUN_ORDERS = {
     "newest": ("-created_at", "-id"),
@@ -63,9 +80,9 @@ def search_runs(runs: QuerySet[Run], text: str) -> QuerySet[Run]:
     for word in text.split():
         match = (Q(name__icontains=word) | Q(experiment__name__icontains=word)
                  | tagged(word, "icontains"))
-        number = word.removeprefix("#")
-        if number.isdecimal() and int(number) <= ID_MAX:
-            match |= Q(pk=int(number))
+        number = parse_id(word.removeprefix("#"))
+        if number is not None:
+            match |= Q(pk=number)
         runs = runs.filter(match)
     return runs
 

@@ -319,6 +319,7 @@ def submit_run(experiment: Experiment, user, submission: Submission) -> tuple[Ru
     request = spec.device_request()
     try:
         with transaction.atomic():
+            _lock_experiment(experiment)
             run = Run.objects.create(
                 experiment=experiment,
                 name=submission.name or spec.name or "",
@@ -358,6 +359,42 @@ def _run_for_key(user, key: str, fingerprint: str) -> Run | None:
             "request: send a new key for a new run."
         )
     return existing
+
+
+def lock_rows(queryset) -> list[int]:
+    """Lock `queryset`'s rows (FOR UPDATE) until the transaction ends, in id order and only in
+    its own table (a model's default ordering could join, and lock, another table's rows:
+    Experiment's orders by its project's name); their ids."""
+    return list(queryset.select_for_update(of=("self",)).order_by("pk")
+                .values_list("pk", flat=True))
+
+
+def _lock_experiment(experiment: Experiment) -> None:
+    """Hold the experiment's row until the transaction ends, so a run is never created in an
+    experiment (or project) that a concurrent delete is removing: whichever comes second finds
+    the other's result (the run, and the delete refuses; or no experiment, a 409 here)."""
+    if not lock_rows(Experiment.objects.filter(pk=experiment.pk)):
+        raise DomainError(f"Experiment {experiment.pk} was deleted meanwhile: submit the run to "
+                          "another experiment.")
+
+
+def delete_experiment(experiment: Experiment) -> None:
+    """Delete an experiment with no unfinished run, atomically against concurrent submits,
+    clones and restarts into it (they lock its row too)."""
+    with transaction.atomic():
+        lock_rows(Experiment.objects.filter(pk=experiment.pk))
+        ensure_no_active_runs(Run.objects.filter(experiment=experiment), "experiment")
+        experiment.delete()
+
+
+def delete_project(project) -> None:
+    """Delete a project with no unfinished run; its experiments' rows are locked first, so no
+    run is created in them meanwhile."""
+    with transaction.atomic():
+        lock_rows(type(project).objects.filter(pk=project.pk))
+        lock_rows(Experiment.objects.filter(project=project))
+        ensure_no_active_runs(Run.objects.filter(experiment__project=project), "project")
+        project.delete()
 
 
 def ensure_no_active_runs(runs, what: str) -> None:
@@ -409,24 +446,29 @@ def restart_run(run: Run, user) -> Run:
 
     It trains in the same output folder as the run it restarts (the first run of a chain of
     restarts), with the same spec and settings, so the trainer's `resume_mode: auto` picks up the
-    last checkpoint saved there. At most one run of a chain may be unfinished at a time.
+    last checkpoint saved there. At most one run of a chain may be unfinished at a time: the
+    chain's first run is locked while the check and the new run are made, so of concurrent
+    restarts one wins and the others find it (a DomainError, the API's 409).
     """
     if run.state not in (RunState.FAILED, RunState.CANCELLED):
         raise IllegalTransition(
             run.pk, run.state, RunState.QUEUED,
             "Only failed or cancelled runs restart from their checkpoint: clone it instead.")
     root = run.resume_from or run
-    chain = Run.objects.filter(Q(pk=root.pk) | Q(resume_from=root))
-    busy = chain.exclude(state__in=TERMINAL_STATES).first()
-    if busy is not None:
-        raise DomainError(f"Run {busy.pk} already continues run {root.pk}'s checkpoints and has "
-                          "not finished: wait for it or cancel it first.")
-    name = run.name.removesuffix(" (restart)")
-    submission = Submission(spec=run.spec, name=f"{name} (restart)" if name else "",
-                            priority=run.priority, max_restarts=run.max_restarts,
-                            cluster=run.cluster, ignore_memory_plan=True)  # already accepted
-    restart, _ = submit_run(run.experiment, user, submission)
-    Run.objects.filter(pk=restart.pk).update(cloned_from=run, resume_from=root)
+    with transaction.atomic():
+        _lock_experiment(run.experiment)  # first, as deletes do: no two locks in opposite orders
+        lock_rows(Run.objects.filter(pk=root.pk))
+        chain = Run.objects.filter(Q(pk=root.pk) | Q(resume_from=root))
+        busy = chain.exclude(state__in=TERMINAL_STATES).first()
+        if busy is not None:
+            raise DomainError(f"Run {busy.pk} already continues run {root.pk}'s checkpoints and "
+                              "has not finished: wait for it or cancel it first.")
+        name = run.name.removesuffix(" (restart)")
+        submission = Submission(spec=run.spec, name=f"{name} (restart)" if name else "",
+                                priority=run.priority, max_restarts=run.max_restarts,
+                                cluster=run.cluster, ignore_memory_plan=True)  # already accepted
+        restart, _ = submit_run(run.experiment, user, submission)
+        Run.objects.filter(pk=restart.pk).update(cloned_from=run, resume_from=root)
     restart.refresh_from_db()
     return restart
 
@@ -436,6 +478,8 @@ def annotate_run(run: Run, *, tags: Sequence[str] | None = None, note: str | Non
     clean (experiments.validation). MLflow's copy follows: the worker sets the MLflow run's
     description (`mlflow.note.content`) and `ascent.tags`."""
     with transaction.atomic():
+        if not lock_rows(Run.objects.filter(pk=run.pk)):
+            raise DomainError(f"Run {run.pk} was deleted meanwhile.")
         if tags is not None:
             existing = {tag.name: tag.pk for tag in RunTag.objects.filter(run=run)}
             RunTag.objects.filter(pk__in=[pk for name, pk in existing.items() if name not in tags]).delete()

@@ -12,8 +12,19 @@ _STEP = re.compile(r"^checkpoints/step_(\d+)$")
 
 
 class TrackingUnavailable(Exception):
-    """The metrics store (MLflow) cannot be reached or refused a read; the message says which.
-    The API answers 503, the web UI shows the message in place of the data."""
+    """The metrics store (MLflow) cannot be reached or refused a read. str() is what anyone may
+    read; `reason` says why and may name the store's internal address, so it is for the
+    service's log and for staff. The API answers 503, the web UI shows it in place of the data."""
+
+    PUBLIC = "The metrics store (MLflow) cannot be reached; try again shortly."
+
+    def __init__(self, reason: str):
+        super().__init__(self.PUBLIC)
+        self.reason = reason
+
+    def shown_to(self, user) -> str:
+        """The reason for staff (who run the service), the public sentence for everyone else."""
+        return f"MLflow did not answer: {self.reason}" if getattr(user, "is_staff", False) else str(self)
 
 
 def _tracking():

@@ -4,26 +4,38 @@ refuses keys it does not know)."""
 
 from __future__ import annotations
 
-import re
-
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
+
+from rl_core.spec import NOT_PLAIN_CHARS, plain_text_problem
 
 TAG_MAX_CHARS = 40
 MAX_TAGS = 20
 NOTE_MAX_CHARS = 10_000
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# What the OpenAPI document says a tag is: plain text without commas, not only spaces.
+TAG_PATTERN = f"^[^,{NOT_PLAIN_CHARS}]*[^,\\s{NOT_PLAIN_CHARS}][^,{NOT_PLAIN_CHARS}]*$"
 
 
 def clean_tag(text: str) -> str:
-    """A tag with its inner whitespace collapsed to single spaces; a comma or a control
-    character is refused (the page's tag field separates tags with commas)."""
-    tag = " ".join(text.split())
-    if "," in tag:
+    """A tag with runs of spaces collapsed to one; a comma (the page's tag field separates tags
+    with commas) or anything but one line of plain text (ascent.validators.PlainText's rule:
+    no control character, tab or newline, no bidirectional control) is refused."""
+    if "," in text:
         raise serializers.ValidationError(
-            f"{tag!r} holds a comma, which separates tags: give each tag on its own.")
-    if _CONTROL.search(text.replace("\t", " ").replace("\n", " ")):
-        raise serializers.ValidationError(f"{tag!r} holds a control character: use plain text.")
-    return tag
+            f"{text!r} holds a comma, which separates tags: give each tag on its own.")
+    problem = plain_text_problem(text)
+    if problem:
+        raise serializers.ValidationError(f"{text!r} {problem}.")
+    return " ".join(text.split())
+
+
+@extend_schema_field({"type": "string", "minLength": 1, "maxLength": TAG_MAX_CHARS,
+                      "pattern": TAG_PATTERN})
+class TagField(serializers.CharField):
+    """One tag: 1 to TAG_MAX_CHARS characters by clean_tag's rule."""
+
+    def __init__(self, **kwargs):
+        super().__init__(max_length=TAG_MAX_CHARS, validators=[clean_tag], **kwargs)
 
 
 def split_tags(text: str) -> list[str]:
@@ -35,7 +47,7 @@ class RunNotesInput(serializers.Serializer):
     """New tags (replacing the run's) and a new note; a key left out keeps what the run has."""
 
     tags = serializers.ListField(
-        child=serializers.CharField(max_length=TAG_MAX_CHARS, validators=[clean_tag]),
+        child=TagField(),
         max_length=MAX_TAGS, required=False,
         help_text=f"The run's tags, replacing those it has: at most {MAX_TAGS}, each 1 to "
                   f"{TAG_MAX_CHARS} characters without commas; repeats (in any case) count once.",

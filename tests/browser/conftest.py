@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -68,8 +69,24 @@ class ConsoleWatch:
 def _fast_password_hashing(settings):
     """Passwords hashed with MD5: the production PBKDF2 takes a quarter of a second per hash on
     2 cores, and `team` makes five users with passwords for every test. Signing in checks a
-    password the same way with either hasher."""
+    password the same way with either hasher. A keep-alive every second on log streams, so a
+    stream whose page was closed notices at its next write and ends (see `page`)."""
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    settings.ASCENT_LOG_STREAM_HEARTBEAT_S = 1
+
+
+def _wait_for_streams_to_end(timeout: float = 15.0) -> None:
+    """Until the live server has ended every log stream (each holds a slot row while open).
+    A run page's stream reads the database every second on a server thread; left running, its
+    reads could deadlock with the table flush that ends a transactional test."""
+    from api.models import StreamSlot
+
+    deadline = time.monotonic() + timeout
+    while StreamSlot.objects.exists():
+        if time.monotonic() > deadline:
+            pytest.fail(f"log streams still open {timeout:.0f} s after their pages were closed: "
+                        f"{list(StreamSlot.objects.values_list('key', flat=True))}")
+        time.sleep(0.1)
 
 
 @pytest.fixture
@@ -88,6 +105,7 @@ def page(browser, live_server, console):
     page.on("pageerror", lambda exc: console.errors.append(f"page error: {exc}"))
     yield page
     context.close()
+    _wait_for_streams_to_end()
     assert not console.unexpected(), "errors in the browser console:\n" + "\n".join(console.unexpected())
 
 

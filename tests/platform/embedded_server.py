@@ -15,7 +15,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager
 from pathlib import Path
 
@@ -45,35 +45,70 @@ def manage(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
 
 
 @contextmanager
-def runserver(env: dict[str, str], port: int, log_path: Path) -> Iterator[str]:
-    """`manage.py runserver` until /healthz answers; yields the base URL, stops it on exit."""
-    command = [sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"]
-    with serve(command, env, port, log_path) as base:
+def runserver(env: dict[str, str], log_path: Path) -> Iterator[str]:
+    """`manage.py runserver` on a free port until /healthz answers; yields the base URL, stops
+    it on exit."""
+    def command(port: int) -> list[str]:
+        return [sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"]
+
+    with serve(command, env, log_path) as base:
         yield base
+
+
+# What a server prints when its port was taken between choosing it and binding it.
+PORT_TAKEN = ("That port is already in use", "Address already in use", "Connection in use")
 
 
 @contextmanager
-def serve(command: list[str], env: dict[str, str], port: int, log_path: Path) -> Iterator[str]:
-    """A web server process (its own process group) until /healthz answers on `port`; yields the
-    base URL and stops the whole group on exit."""
-    with log_path.open("w") as log:
-        server = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log,
-                                  stderr=subprocess.STDOUT, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while not _healthy(base):
-            assert server.poll() is None, f"the server exited:\n{log_path.read_text()}"
-            assert time.monotonic() < deadline, f"/healthz silent for 60 s:\n{log_path.read_text()}"
-            time.sleep(0.2)
-        yield base
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
+def serve(command_for: Callable[[int], list[str]], env: dict[str, str], log_path: Path,
+          tries: int = 3) -> Iterator[str]:
+    """A web server process (its own process group), `command_for(port)` on a free port, until
+    /healthz answers; yields the base URL and stops the whole group on exit. The tests start
+    many servers at once, so a port can be taken between choosing it and binding it: the server
+    then starts again on another, up to `tries` times."""
+    for _ in range(tries):
+        port = free_port()
+        with log_path.open("w") as log:
+            server = subprocess.Popen(command_for(port), cwd=ROOT, env=env, stdout=log,
+                                      stderr=subprocess.STDOUT, start_new_session=True)
+        base = f"http://127.0.0.1:{port}"
         try:
-            server.wait(timeout=15)
+            if _started(server, base, log_path):
+                yield base
+                return
+        finally:
+            _stop(server)
+    raise AssertionError(f"no free port in {tries} tries:\n{log_path.read_text()}")
+
+
+def _started(server: subprocess.Popen, base: str, log_path: Path) -> bool:
+    """Whether the server answers /healthz (False: it could not bind its port)."""
+    deadline = time.monotonic() + 60
+    while True:
+        if server.poll() is not None:  # first: a server of someone else's may hold the port
+            text = log_path.read_text()
+            if any(words in text for words in PORT_TAKEN):
+                return False
+            raise AssertionError(f"the server exited:\n{text}")
+        if _healthy(base):
+            return True
+        assert time.monotonic() < deadline, f"/healthz silent for 60 s:\n{log_path.read_text()}"
+        time.sleep(0.2)
+
+
+def _stop(server: subprocess.Popen) -> None:
+    """The server's whole process group, politely, then not."""
+    for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(server.pid, sig)
+        except ProcessLookupError:  # the group has ended
+            server.wait()
+            return
+        try:
+            server.wait(timeout=wait)
+            return
         except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait(timeout=10)
+            continue
 
 
 def _healthy(base: str) -> bool:

@@ -10,12 +10,13 @@ from datetime import timedelta
 
 import pytest
 from django.core.management import call_command
+from django.db import connection
 from django.http import JsonResponse
 from django.test import Client
 from django.urls import include, path
 from django.utils import timezone
 
-from accounts.models import ApiToken
+from accounts.models import ApiToken, Project
 from audit.models import AuditEntry
 from clusters.models import Cluster
 from experiments.choices import RunState
@@ -345,12 +346,31 @@ def test_it_takes_the_proxys_address_only_behind_a_proxy(clients, run, settings)
     assert writes().get().ip == "198.51.100.4"  # the address the proxy added, not the client's claim
 
 
-def test_a_failing_recorder_does_not_fail_the_request(clients, run, monkeypatch):
-    def broken(**fields):
-        raise RuntimeError("database unavailable")
+@pytest.fixture
+def audit_refuses_writes():
+    """The audit table refuses every new row (a real database error, as a full disk or a lost
+    connection would give) until the test ends."""
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE audit_auditentry ADD CONSTRAINT test_no_entries "
+                       "CHECK (false) NOT VALID")
+    yield
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE audit_auditentry DROP CONSTRAINT test_no_entries")
 
-    monkeypatch.setattr(AuditEntry.objects, "create", broken)
-    assert clients["owner"].post(f"/api/v1/runs/{run.pk}/cancel/").status_code == 200
+
+def test_a_write_whose_entry_cannot_be_stored_is_not_kept(clients, run, audit_refuses_writes):
+    """A write and its entry are one transaction: no write is kept without its entry."""
+    state = run.state
+    response = clients["owner"].post(f"/api/v1/runs/{run.pk}/cancel/")
+    assert response.status_code == 503
+    assert response.json() == {"error": "audit_unavailable", "detail": (
+        "The change could not be recorded in the audit log, so it was not made: try again "
+        "shortly.")}
+    run.refresh_from_db()
+    assert run.state == state and not run.events.filter(to_state="CANCELLED").exists()
+    created = clients["owner"].post("/api/v1/projects/", {"name": "ghost"}, format="json")
+    assert created.status_code == 503 and not Project.objects.filter(name="ghost").exists()
+    assert not AuditEntry.objects.exists()
 
 
 def test_the_actors_name_stays_when_the_user_is_deleted(clients, run, users):

@@ -164,6 +164,86 @@ class TestPathIds:
         assert_error_shape(response, allowed={404})
 
 
+# Digits other than ASCII ones name no row: int() reads "+7", "٧" (Arabic-Indic) and "７"
+# (fullwidth) as 7, so a proxy routing ids by [0-9]+ would send them elsewhere than the service.
+OTHER_DIGITS = {"plus": lambda n: f"+{n}",
+                "arabic-indic": lambda n: "".join(chr(0x0660 + int(d)) for d in str(n)),
+                "fullwidth": lambda n: "".join(chr(0xFF10 + int(d)) for d in str(n))}
+
+
+@pytest.mark.parametrize("spelling", OTHER_DIGITS, ids=list(OTHER_DIGITS))
+@pytest.mark.parametrize(("method", "path", "operation"), ID_OPERATIONS, ids=_ids(ID_OPERATIONS))
+def test_an_existing_id_in_other_digits_is_a_404(clients, seeded, method, path, operation,
+                                                  spelling):
+    ident = OTHER_DIGITS[spelling](seeded.get(path.split("/")[3], 1))
+    response = send(clients["admin"], method, url(path, seeded, id_value=ident), "{}")
+    assert_error_shape(response, allowed={404})
+
+
+@pytest.mark.parametrize(("method", "path", "operation"), OPERATIONS, ids=_ids(OPERATIONS))
+def test_a_format_suffix_is_a_404_in_the_error_shape(clients, seeded, method, path, operation):
+    """`runs/1/events.json` was a 500 on every custom action (an unexpected `format` argument):
+    the API answers JSON only, and no route takes a suffix."""
+    suffixed = url(path, seeded).removesuffix("/") + ".json"
+    response = send(clients["admin"], method, suffixed, "{}")
+    if response.status_code == 301:  # a name may hold a dot: "viewer.json/" is then tried
+        assert response["Location"] == suffixed + "/"
+        response = send(clients["admin"], method, response["Location"], "{}")
+    assert response.status_code == 404, response.content[:300]
+    assert response.json()["error"] == "not_found"
+
+
+@pytest.mark.parametrize("debug", [False, True], ids=["production", "debug"])
+def test_an_address_nothing_answers_under_api_is_a_json_404_in_every_mode(clients, settings,
+                                                                          debug):
+    settings.DEBUG = debug
+    for path in ("/api/v1/nothing/", "/api/v1/runs/1/events.json", "/api/v2/runs/"):
+        response = clients["admin"].get(path)
+        assert response.status_code == 404, path
+        assert response.json()["error"] == "not_found", path
+
+
+@pytest.mark.parametrize("debug", [False, True], ids=["production", "debug"])
+def test_a_failing_api_view_is_a_json_500_that_shows_nothing_internal(clients, seeded, settings,
+                                                                      monkeypatch, caplog, debug):
+    from api import views
+
+    def fail(self, request, pk=None):
+        raise RuntimeError("lost postgres://ascent:hunter2@db:5432/ascent")
+
+    settings.DEBUG = debug
+    monkeypatch.setattr(views.RunViewSet, "events", fail)
+    response = clients["admin"].get(f"/api/v1/runs/{seeded['runs']}/events/")
+    assert response.status_code == 500
+    assert response.json()["error"] == "server_error"
+    assert "hunter2" not in response.content.decode()
+    assert "hunter2" in caplog.text  # the failure is in the service's log, with its trace
+
+
+def test_error_reports_hide_the_stores_addresses(rf, settings):
+    """The DEBUG error page and admin mails list settings and, under runserver, the environment:
+    addresses of the database, broker and MLflow carry credentials."""
+    from django.utils.module_loading import import_string
+
+    settings.MLFLOW_TRACKING_URI = "http://ascent:hunter2@mlflow:5000"
+    settings.CELERY_BROKER_URL = "redis://:hunter2@redis:6379/1"
+    request = rf.get("/")
+    request.META["DATABASE_URL"] = "postgres://ascent:hunter2@db:5432/ascent"
+    reporter = import_string(settings.DEFAULT_EXCEPTION_REPORTER_FILTER)()
+    shown = {**reporter.get_safe_settings(), **reporter.get_safe_request_meta(request)}
+    for name in ("MLFLOW_TRACKING_URI", "CELERY_BROKER_URL", "DATABASE_URL"):
+        assert shown[name] == reporter.cleansed_substitute, name
+    assert "hunter2" not in repr(shown)
+
+
+@pytest.mark.parametrize("against", ["²", "٣", "+1", "1" * 25, "0", ""])
+def test_a_reference_run_that_is_no_id_is_refused_naming_against(clients, seeded, against):
+    response = clients["admin"].get(f"/api/v1/runs/{seeded['runs']}/precision/",
+                                    {"against": against})
+    assert_error_shape(response, allowed={400})
+    assert [e["field"] for e in response.json()["errors"]] == ["against"]
+
+
 def test_it_names_each_huge_filter_parameter(clients, seeded):
     for path, name in (("/api/v1/runs/", "experiment"), ("/api/v1/runs/", "project"),
                        ("/api/v1/experiments/", "project")):

@@ -106,3 +106,38 @@ def test_the_settings_page_declines_and_withdraws(project, users):
     html = stranger.post(f"/settings/invitations/{second.pk}/accept/", follow=True).content.decode()
     assert "This invitation is already withdrawn." in html
     assert project.role_of(users["stranger"]) is None
+
+
+def test_an_owner_sends_at_most_the_invite_rate_through_the_api_and_the_page(clients, project,
+                                                                             users, settings):
+    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "DEFAULT_THROTTLE_RATES": {
+        **settings.REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"], "invite": "3/hour"}}
+    assert [invite(clients, project, f"guest{i}").status_code for i in range(3)] == [202] * 3
+    refused = invite(clients, project, "guest3")
+    assert refused.status_code == 429 and int(refused["Retry-After"]) > 0
+    assert refused.json()["error"] == "throttled"
+    page = Client()
+    page.force_login(users["owner"])  # the settings page counts against the same limit
+    html = page.post(f"/settings/projects/{project.pk}/members/",
+                     {"op": "add", "username": "guest4", "role": "viewer"}, follow=True)
+    assert "Could not invite guest4: too many invitations sent" in html.content.decode()
+    assert sorted(Invitation.objects.values_list("username", flat=True)) == [
+        "guest0", "guest1", "guest2"]
+    # A refused member (a maintainer) spends none of the owner's allowance, nor their own.
+    assert invite(clients, project, "guest5", as_="maintainer").status_code == 403
+
+
+def test_a_project_holds_at_most_the_pending_limit_of_invitations(clients, project, settings):
+    settings.ASCENT_INVITATIONS_PENDING_MAX = 2
+    assert invite(clients, project, "guest0").status_code == 202
+    assert invite(clients, project, "guest1").status_code == 202
+    full = invite(clients, project, "guest2")
+    assert full.status_code == 409
+    assert "already has 2 pending invitations" in full.json()["detail"]
+    assert "ASCENT_INVITATIONS_PENDING_MAX" in full.json()["detail"]
+    # Changing the role of one already invited is no new invitation.
+    assert invite(clients, project, "guest1", role="viewer").status_code == 202
+    withdrawn = Invitation.objects.get(username="guest0")
+    assert clients["owner"].delete(
+        f"/api/v1/projects/{project.pk}/invitations/{withdrawn.pk}/").status_code in (200, 204)
+    assert invite(clients, project, "guest2").status_code == 202

@@ -1,6 +1,7 @@
-"""Live log streams cannot exhaust the web server: a per-user cap on open streams (429 beyond
-it), keep-alive comments on a timer, a time limit, and, under gunicorn's ASGI worker, many open
-streams while health checks and the rest of the API still answer at once."""
+"""Live log streams cannot exhaust the web server: caps on open streams per user and in all,
+shared by every process through the database (429 beyond them), a cap per threaded process so
+its threads stay free, keep-alive comments on a timer, a time limit, and, under gunicorn's ASGI
+worker, 20 open streams while health checks and the rest of the API still answer at once."""
 
 from __future__ import annotations
 
@@ -11,32 +12,31 @@ import sys
 import threading
 import time
 import urllib.request
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import yaml
 from django.contrib.auth import get_user_model
-from django.core.cache import cache
 from django.db import connection
 from django.test import override_settings
 from django.utils import timezone
 
 from accounts.choices import Role
 from accounts.models import ApiToken, Membership
-from api.stream_slots import slot_keys
+from api.models import StreamSlot
 from experiments.models import Attempt, LogChunk, Run
-from tests.platform.embedded_server import ROOT, free_port, serve
+from tests.platform.embedded_server import ROOT, serve
 
 BIN = Path(sys.executable).parent
 
 
 @pytest.fixture
 def free_slots(users):
-    """No slot left in the shared cache by an earlier run of the suite for these user ids."""
-    keys = [key for user in users.values() for key in slot_keys(user.pk, 20)]
-    cache.delete_many(keys)
+    """No stream slot left by another test (a server's process may outlive its stream)."""
+    StreamSlot.objects.all().delete()
     yield
-    cache.delete_many(keys)
+    StreamSlot.objects.all().delete()
 
 
 def _running_run(experiment, cluster=None) -> Run:
@@ -91,6 +91,44 @@ def test_it_answers_429_beyond_the_streams_a_user_may_hold_open(clients, running
 
 
 @override_settings(ASCENT_LOG_STREAMS_PER_USER=2)
+def test_slots_held_by_another_process_count_and_expired_ones_are_taken_over(
+        clients, running, streams, users, free_slots):
+    run, _ = running
+    later = timezone.now() + timedelta(seconds=100)
+    # Another web process (or host) serves one of the owner's streams: its claim is a row.
+    StreamSlot.objects.create(key=f"user:{users['owner'].pk}:0", token="elsewhere",
+                              expires_at=later)
+    assert streams(clients["owner"], run).status_code == 200
+    refused = streams(clients["owner"], run)
+    assert refused.status_code == 429 and "already have 2 log streams open" in refused.json()["detail"]
+    assert 30 <= int(refused["Retry-After"]) <= 40  # when that one reaches its time limit
+    # A claim of a process that crashed expires: its slot is free again.
+    StreamSlot.objects.filter(token="elsewhere").update(expires_at=timezone.now())
+    assert streams(clients["owner"], run).status_code == 200
+    assert not StreamSlot.objects.filter(token="elsewhere").exists()
+
+
+@pytest.mark.parametrize(("limit", "words"), [
+    ("ASCENT_LOG_STREAMS_TOTAL", "The service already serves 2 log streams"),
+    # the test client is WSGI: each stream would hold one of the process's threads
+    ("ASCENT_LOG_STREAMS_PER_SYNC_PROCESS", "process already serves 2 log streams on its threads"),
+])
+def test_beyond_the_services_or_a_threaded_processs_streams_one_more_waits(
+        clients, running, streams, free_slots, settings, limit, words):
+    setattr(settings, limit, 2)
+    run, _ = running
+    assert streams(clients["owner"], run).status_code == 200
+    second = streams(clients["maintainer"], run)
+    assert second.status_code == 200
+    refused = streams(clients["viewer"], run)
+    assert refused.status_code == 429 and int(refused["Retry-After"]) >= 1
+    assert words in refused.json()["detail"] and limit in refused.json()["detail"]
+    assert StreamSlot.objects.count() == 4  # the refused one holds no slot of its user either
+    second.close()
+    assert streams(clients["viewer"], run).status_code == 200
+
+
+@override_settings(ASCENT_LOG_STREAMS_PER_USER=2)
 def test_it_frees_a_slot_when_a_stream_is_closed(clients, running, streams, free_slots):
     run, _ = running
     first, _ = streams(clients["owner"], run), streams(clients["owner"], run)
@@ -132,7 +170,7 @@ def test_it_sends_keep_alives_on_its_own_timer_and_ends_at_the_time_limit(
 
 # --- the production server: gunicorn with the uvicorn worker ---------------------------------
 
-WATCHERS = 12
+WATCHERS = 20
 
 
 def _gunicorn_env() -> dict[str, str]:
@@ -184,8 +222,7 @@ def _local_command(port: int) -> list[str]:
 def gunicorn(transactional_db, tmp_path):
     """The streams service's gunicorn command line (ASGI worker) with one worker, on the test
     database."""
-    port = free_port()
-    with serve(_local_command(port), _gunicorn_env(), port, tmp_path / "gunicorn.log") as base:
+    with serve(_local_command, _gunicorn_env(), tmp_path / "gunicorn.log") as base:
         yield base
 
 
@@ -249,7 +286,9 @@ def test_it_serves_many_streams_while_health_checks_and_the_api_answer(gunicorn,
     assert all(w.started.wait(15) for w in watchers)
     assert [w.error for w in watchers] == [None] * WATCHERS
     owner = ApiToken.issue(users["owner"], "check")[1]
-    assert _timed_get(f"{gunicorn}/healthz") < 3
+    # Every probe is answered while the 20 streams are open (bench/api_load.py --streams 20
+    # measures how fast, beside a load of API requests).
+    assert all(_timed_get(f"{gunicorn}/healthz") < 3 for _ in range(5))
     assert _timed_get(f"{gunicorn}/api/v1/runs/{run.pk}/", owner) < 3
 
     LogChunk.objects.create(attempt=attempt, offset=24, text="step 2: reward/mean=0.3\n")
@@ -296,3 +335,33 @@ def test_it_frees_the_slot_of_a_client_that_goes_away_under_asgi(gunicorn, runni
     finally:
         for conn, _ in opened:
             conn.close()
+
+
+def _threaded_command(port: int) -> list[str]:
+    """The image's threaded (WSGI) server on a local port: one worker with 4 threads."""
+    cmd = next(line for line in (ROOT / "deploy" / "Dockerfile").read_text().splitlines()
+               if line.startswith("CMD "))
+    command = json.loads(cmd[len("CMD "):])
+    command[command.index("--bind") + 1] = f"127.0.0.1:{port}"
+    command[command.index("--workers") + 1] = "1"
+    command[command.index("--threads") + 1] = "4"
+    return [str(BIN / "gunicorn"), "--pythonpath", "platform,.", *command[1:]]
+
+
+def test_streams_sent_to_the_threaded_server_leave_its_threads_for_other_requests(
+        transactional_db, tmp_path, running, project, users, free_slots):
+    run, _ = running
+    env = {**_gunicorn_env(), "ASCENT_LOG_STREAMS_PER_SYNC_PROCESS": "2"}
+    path = f"/api/v1/runs/{run.pk}/logs/?follow=1"
+    with serve(_threaded_command, env, tmp_path / "gthread.log") as base:
+        opened = [_open_stream(base, path, token) for token in _viewers(project, 4)]
+        try:
+            assert sorted(response.status for _, response in opened) == [200, 200, 429, 429]
+            refused = next(response for _, response in opened if response.status == 429)
+            assert "ASCENT_LOG_STREAMS_PER_SYNC_PROCESS" in json.loads(refused.read())["detail"]
+            owner = ApiToken.issue(users["owner"], "check")[1]
+            assert all(_timed_get(f"{base}/healthz") < 3 for _ in range(5))
+            assert _timed_get(f"{base}/api/v1/runs/{run.pk}/", owner) < 3
+        finally:
+            for conn, _ in opened:
+                conn.close()

@@ -89,7 +89,7 @@ def test_migrate_and_bootstrap_twice_make_one_admin_and_one_local_cluster(tmp_pa
     assert inventory["admin_tokens"] == 1
 
     # The token in the credentials file authenticates against the served API.
-    with runserver(env, port, tmp_path / "server.log") as base:
+    with runserver(env, tmp_path / "server.log") as base:
         status, me = get(f"{base}/api/v1/me/", fields["token"])
         assert status == 200, me
         assert me["username"] == "admin" and me["is_staff"] is True

@@ -77,7 +77,8 @@ def test_the_log_stream_and_the_bare_objects_are_described(clients):
     paths = _document(clients)["paths"]
     logs = paths["/api/v1/runs/{id}/logs/"]["get"]["responses"]["200"]["content"]
     stream = logs["text/event-stream"]["schema"]
-    assert stream["type"] == "string"
+    assert stream["type"] == "object" and stream["required"] == ["event", "data"]  # each event
+    assert stream["properties"]["event"]["enum"] == ["log", "end"]
     assert all(word in stream["description"] for word in ("`event: log`", "`event: end`", "keep-alive"))
     me = paths["/api/v1/me/"]["get"]["responses"]["200"]["content"]["application/json"]["schema"]
     assert me == {"$ref": "#/components/schemas/Me"}

@@ -69,10 +69,23 @@ def test_a_path_inside_the_roots_is_stored(submit, guarded, tiny_spec):
     assert response.status_code == 201, response.json()
 
 
-def test_clusters_without_a_policy_accept_any_path(submit, cluster, tiny_spec):
+def test_clusters_without_a_policy_accept_any_absolute_path(submit, cluster, tiny_spec):
     response = submit(cluster="npu-a", spec={**npu_spec(tiny_spec, path="/anywhere/m"),
-                                             "data": {"train_files": ["relative.jsonl"]}})
+                                             "data": {"train_files": ["/data/any.jsonl"]}})
     assert response.status_code == 201, response.json()
+
+
+def test_relative_paths_and_unknown_tiny_names_are_refused_even_without_a_policy(
+        submit, cluster, tiny_spec):
+    relative = submit(cluster="npu-a", spec={**npu_spec(tiny_spec, path="/anywhere/m"),
+                                             "data": {"train_files": ["relative.jsonl"]}})
+    assert relative.status_code == 400
+    assert "spec.data.train_files.0" in errors_of(relative)
+    assert "give an absolute path on the cluster" in str(relative.json())
+    tiny = submit(cluster="npu-a", spec=npu_spec(tiny_spec, path="tiny:../../etc"))
+    assert tiny.status_code == 400 and "spec.model.path" in errors_of(tiny)
+    assert "unknown tiny model" in str(tiny.json()) and "tiny:small" in str(tiny.json())
+    assert not Run.objects.exists()
 
 
 def test_an_output_dir_outside_the_roots_is_refused_at_submit(submit, cluster, tiny_spec, settings):

@@ -15,7 +15,7 @@ import shutil
 import subprocess
 
 import pytest
-from embedded_server import ROOT, embedded_env, free_port, manage, runserver
+from embedded_server import ROOT, embedded_env, manage, runserver
 README = ROOT / "README.md"
 START, END = "<!-- walkthrough:start -->", "<!-- walkthrough:end -->"
 ASCENT_LINE = re.compile(r"^export ASCENT=http://127\.0\.0\.1:8000$", re.MULTILINE)
@@ -39,11 +39,10 @@ def served(tmp_path):
     if not VENV_PYTHON.exists():
         pytest.skip("the README's commands use .venv/bin/python: create it with `make install`")
     env = embedded_env(tmp_path / "var")
-    port = free_port()
     manage(env, "migrate", "--noinput")
-    manage(env, "bootstrap", "--host", "127.0.0.1", "--port", str(port))
-    with runserver(env, port, tmp_path / "server.log"):
-        yield port, env
+    manage(env, "bootstrap", "--host", "127.0.0.1")
+    with runserver(env, tmp_path / "server.log") as base:
+        yield int(base.rsplit(":", 1)[1]), env
 
 
 def test_the_readme_walkthrough_runs_as_written(served, tmp_path):

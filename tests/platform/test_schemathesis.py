@@ -1,19 +1,24 @@
 """Schemathesis over the live OpenAPI document: no operation answers 5xx or outside its schema.
 
-The platform is served the way `make run` serves it (embedded defaults, `manage.py bootstrap`,
-runserver), seeded through the API with a project, an experiment and a run next to bootstrap's
-cluster `local` and its node. Every operation is called with generated input and all of
-schemathesis' checks, authenticated as bootstrap's administrator with a token of its own.
+The platform is served twice: the way `make run` serves it (embedded defaults, DEBUG,
+`manage.py bootstrap`, runserver), and with the production settings under the image's gunicorn
+command (DEBUG off, WhiteNoise's collected static files). Each is seeded through the API with a
+project, an experiment and a run next to bootstrap's cluster `local` and its node. Every
+operation is called with generated input and all of schemathesis' checks, authenticated as
+bootstrap's administrator with a token of its own.
 """
 
 from __future__ import annotations
 
 import json
+import secrets
+import sys
 import urllib.request
+from pathlib import Path
 
 import pytest
 import schemathesis
-from embedded_server import embedded_env, free_port, manage, runserver
+from embedded_server import ROOT, embedded_env, manage, runserver, serve
 from drf_spectacular.generators import SchemaGenerator
 from hypothesis import HealthCheck, given, settings
 from schemathesis.specs.openapi.checks import positive_data_acceptance
@@ -40,20 +45,45 @@ def _seed(base: str, admin_token: str) -> str:
     return _call(base, admin_token, "POST", "/api/v1/tokens/", {"name": "fuzzer"})["token"]
 
 
-@pytest.fixture(scope="module")
-def live(tmp_path_factory):
-    """The served platform: yields (base URL, bearer token)."""
-    tmp = tmp_path_factory.mktemp("schemathesis")
+def _production(env: dict[str, str], tmp):
+    """The production settings in `env`, static files collected; the image's gunicorn command
+    (deploy/Dockerfile) with one worker, as a function of its port."""
+    env.update(DJANGO_SETTINGS_MODULE="ascent.settings_production", DEBUG="0",
+               SECRET_KEY=secrets.token_urlsafe(50), ALLOWED_HOSTS="127.0.0.1,localhost",
+               STATIC_ROOT=str(tmp / "static"))
+    manage(env, "collectstatic", "--noinput", "-v", "0")
+    cmd = next(line for line in (ROOT / "deploy" / "Dockerfile").read_text().splitlines()
+               if line.startswith("CMD "))
+    image = json.loads(cmd[len("CMD "):])
+
+    def command(port: int) -> list[str]:
+        args = list(image)
+        args[args.index("--bind") + 1] = f"127.0.0.1:{port}"
+        args[args.index("--workers") + 1] = "1"
+        return [str(Path(sys.executable).parent / "gunicorn"), "--pythonpath", "platform,.",
+                *args[1:]]
+
+    return command
+
+
+@pytest.fixture(scope="module", params=["development", "production"])
+def live(request, tmp_path_factory):
+    """The served platform, with the development or the production settings: yields (base URL,
+    bearer token)."""
+    tmp = tmp_path_factory.mktemp(f"schemathesis-{request.param}")
     env = embedded_env(tmp / "var")
     env.update(ASCENT_API_RATE_USER="1000000/min", ASCENT_API_RATE_ANON="1000000/min",
-               ASCENT_TOKEN_CREATE_RATE="1000000/hour", ASCENT_TOKEN_FAILURE_LIMIT="1000000", ASCENT_LOG_STREAM_LIMIT_S="1",
+               ASCENT_TOKEN_CREATE_RATE="1000000/hour", ASCENT_INVITE_RATE="1000000/hour",
+               ASCENT_TOKEN_FAILURE_LIMIT="1000000", ASCENT_LOG_STREAM_LIMIT_S="1",
                ASCENT_LOG_STREAM_HEARTBEAT_S="1")
-    port = free_port()
+    command = _production(env, tmp) if request.param == "production" else None
     manage(env, "migrate", "--noinput")
-    manage(env, "bootstrap", "--host", "127.0.0.1", "--port", str(port))
+    manage(env, "bootstrap", "--host", "127.0.0.1")
     credentials = dict(line.split("=", 1) for line in
                        (tmp / "var" / "admin-credentials").read_text().split())
-    with runserver(env, port, tmp / "server.log") as base:
+    server = (serve(command, env, tmp / "server.log") if command
+              else runserver(env, tmp / "server.log"))
+    with server as base:
         yield base, _seed(base, credentials["token"])
 
 
@@ -103,15 +133,20 @@ STATE_REFUSALS = ("does not exist", "Invalid pk", "There is no user named", "alr
                   "cannot outlive the token", "Tokens must expire on this server",
                   # text is trimmed: a string of whitespace only (say "\x1e" or "\x85") is
                   # blank, which a JSON Schema's minLength cannot say
-                  "This field may not be blank")
+                  "This field may not be blank",
+                  # a log's attempt number that the run does not have (yet)
+                  "has no attempt",
+                  # a node's healthy devices are at most its devices: a rule across two fields
+                  # (and, for PATCH, across the body and the stored node)
+                  "healthy devices exceed device_count")
 
 
 def refused_for_state(response) -> bool:
-    """A 400 about ids or names that do not exist, names already taken, a token's lifetime
-    beyond the calling token's or the server's limit, text of whitespace only, or a run spec's
-    own cross-field rules (its JSON Schema is
+    """A 400 about ids, names or attempts that do not exist, names already taken, a token's
+    lifetime beyond the calling token's or the server's limit, text of whitespace only, a node's
+    healthy devices beyond its devices, or a run spec's own cross-field rules (its JSON Schema is
     spec/schema/): schema-valid input that the API rightly refuses, as no JSON Schema of the
-    body can say which objects exist."""
+    body can say which objects exist or how two fields relate."""
     if response.status_code != 400:
         return False
     errors = response.json().get("errors", [])

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import threading
-import time
 
-import psycopg
 import pytest
-from django.db import connection
 
 from experiments.choices import TERMINAL_STATES, TRANSITIONS, RunState, can_transition, sources_of
 from experiments.models import Run
-from experiments.services import IllegalTransition, transition
+from experiments.services import DomainError, IllegalTransition, restart_run, transition
+from tests.platform.racing import race
 
 S = RunState
 
@@ -85,59 +83,42 @@ def test_a_redelivered_message_acts_once(experiment):
     assert run.events.count() == 1
 
 
-def lock_row(run_id: int):
-    """A second connection holding the run's row lock, so both racers block inside their UPDATE."""
-    settings = connection.settings_dict
-    conn = psycopg.connect(dbname=settings["NAME"], user=settings["USER"], password=settings["PASSWORD"],
-                           host=settings["HOST"], port=settings["PORT"] or 5432)
-    conn.execute("SELECT 1 FROM experiments_run WHERE id = %s FOR UPDATE", (run_id,))
-    return conn
-
-
-def wait_for_blocked(conn, count: int, outcomes: list, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        conn.execute("SELECT pg_stat_clear_snapshot()")  # the view is frozen within a transaction
-        blocked = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = %s",
-            (connection.settings_dict["NAME"],),
-        ).fetchone()[0]
-        if blocked >= count:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"{count} transitions never blocked on the row lock: {outcomes}")
-
-
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("expected", [S.QUEUED, None], ids=["expected-state", "any-legal-source"])
 def test_two_connections_racing_one_transition_exactly_one_wins(experiment, expected):
     run = make_run(experiment)
-    outcomes: list[str] = []
 
-    def racer() -> None:
+    def racer() -> str:
         try:
             transition(run.pk, S.SCHEDULED, actor=threading.current_thread().name, expected=expected)
-            outcomes.append("won")
+            return "won"
         except IllegalTransition:
-            outcomes.append("lost")
-        except Exception as exc:  # surfaces in the assertion below
-            outcomes.append(repr(exc))
-        finally:
-            connection.close()  # each thread has its own database connection
+            return "lost"
 
     # Both racers read QUEUED, then queue up behind the lock inside their conditional UPDATE.
-    locker = lock_row(run.pk)
-    threads = [threading.Thread(target=racer, name=f"worker-{i}") for i in range(2)]
-    for thread in threads:
-        thread.start()
-    try:
-        wait_for_blocked(locker, 2, outcomes)
-    finally:
-        locker.commit()
-        locker.close()
-    for thread in threads:
-        thread.join(timeout=30)
+    outcomes = race([racer, racer], "experiments_run", run.pk)
 
     assert sorted(outcomes) == ["lost", "won"]
     assert run.events.count() == 1
     assert Run.objects.get(pk=run.pk).state == S.SCHEDULED
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_restarts_of_one_run_make_one_run(experiment, users, tiny_spec):
+    """Ten restarts at once of a cancelled run: one new run, nine told it exists (the API's 409),
+    not ten runs writing into one output folder."""
+    run = make_run(experiment, state=S.CANCELLED)
+    Run.objects.filter(pk=run.pk).update(spec=tiny_spec, name="base")
+
+    def racer() -> str:
+        try:
+            restart_run(Run.objects.get(pk=run.pk), users["owner"])
+            return "won"
+        except DomainError as exc:
+            return "lost" if "already continues" in str(exc) else repr(exc)
+
+    # Every racer reads the run as restartable, then queues up behind a row lock.
+    outcomes = race([racer] * 10, "experiments_run", run.pk)
+
+    assert sorted(outcomes) == ["lost"] * 9 + ["won"], outcomes
+    assert Run.objects.filter(resume_from=run).count() == 1

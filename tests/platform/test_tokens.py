@@ -149,3 +149,24 @@ def test_a_default_above_the_maximum_stops_start_up(tmp_path):
                             text=True, timeout=120)
     assert result.returncode != 0
     assert "ASCENT_TOKEN_DEFAULT_DAYS=90 exceeds ASCENT_TOKEN_MAX_DAYS=30" in result.stderr
+
+
+def test_revoking_a_token_revokes_the_tokens_minted_with_it_at_any_depth(users, login):
+    """A stolen token could otherwise mint a child and live on after its revocation."""
+    _, raw = ApiToken.issue(users["owner"], "pipeline")
+    child = create(bearer(raw), name="child").json()["token"]
+    grandchild = create(bearer(child), name="grandchild").json()["token"]
+    _, sibling = ApiToken.issue(users["owner"], "laptop")
+    parent = ApiToken.objects.get(name="pipeline")
+    assert bearer(grandchild).get("/api/v1/me/").status_code == 200
+
+    assert bearer(sibling).delete(f"/api/v1/tokens/{parent.pk}/").status_code == 204
+    for token in (raw, child, grandchild):
+        assert bearer(token).get("/api/v1/me/").status_code == 401
+    assert bearer(sibling).get("/api/v1/me/").status_code == 200  # not minted by it
+    # the settings page revokes the same way
+    _, second = ApiToken.issue(users["owner"], "second")
+    minted = create(bearer(second), name="minted by second").json()["token"]
+    owner = login("owner")
+    owner.post(f"/settings/tokens/{ApiToken.objects.get(name='second').pk}/revoke/")
+    assert bearer(minted).get("/api/v1/me/").status_code == 401

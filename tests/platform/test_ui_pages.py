@@ -289,3 +289,24 @@ def test_bad_token_input_is_refused(login, users):
     assert "Ensure this value is greater than or equal to 0." in html
     assert 'name="name" value="x"' in html  # the form keeps what was typed
     assert not ApiToken.objects.filter(user=users["owner"]).exists()
+
+
+@pytest.mark.parametrize("query", ["/compare/?runs=²", "/compare/?runs=" + "1" * 25 + ",1",
+                                   "/compare/?runs=%2B1,٢", "/compare/precision/?a=²&b=١",
+                                   "/compare/precision/?a=" + "9" * 25, "/runs/new/?clone=²",
+                                   "/runs/new/?clone=" + "9" * 25, "/audit/?project=²",
+                                   "/audit/?project=" + "9" * 25])
+def test_ids_in_query_parameters_are_ascii_digits_in_range(login, experiment, users, query):
+    """Text that is no id (other digits, 25 of them) is treated as no id, never a 500."""
+    users["owner"].is_staff = True
+    users["owner"].save()
+    response = login("owner").get(query)
+    assert response.status_code == 200, response.content[:300]
+
+
+def test_a_clone_named_in_other_digits_is_not_the_run(login, experiment, users, submit):
+    run_id = submit().json()["id"]
+    arabic = "".join(chr(0x0660 + int(d)) for d in str(run_id))
+    owner = login("owner")
+    assert 'data-testid="cloned-from"' in owner.get(f"/runs/new/?clone={run_id}").content.decode()
+    assert 'data-testid="cloned-from"' not in owner.get(f"/runs/new/?clone={arabic}").content.decode()

@@ -9,12 +9,14 @@ import subprocess
 import sys
 import types
 from pathlib import Path
-from typing import Union, get_args, get_origin
+from typing import Annotated, Union, get_args, get_origin
 
 import pytest
 from pydantic import BaseModel
 
-from rl_core.paths import PATH_FIELDS, POLICY_ENV, PathPolicy, check_paths, normalize_root
+from rl_core.errors import InputError
+from rl_core.paths import (PATH_FIELDS, POLICY_ENV, PathPolicy, check_paths, normalize_root,
+                            path_problem)
 from rl_core.spec import RunSpec, resolve_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,12 +78,27 @@ def test_a_root_that_is_itself_a_link_still_allows_its_contents_at_the_job(tmp_p
 
 def test_tiny_models_are_always_allowed():
     assert check_paths(spec(model={"path": "tiny:small"}), POLICY) == []
+    assert check_paths(spec(model={"path": "tiny:small-addition"}), PathPolicy("local")) == []
 
 
-def test_empty_roots_mean_no_restriction():
-    s = spec(model={"path": "/anywhere/m"}, data={"train_files": ["rel.jsonl"]},
-             trainer={"output_dir": "outputs"})
+def test_a_tiny_name_that_is_no_preset_is_refused_naming_the_presets():
+    with pytest.raises(InputError, match=r"model.path.*unknown tiny model '\.\./\.\./etc'.*tiny:nano"):
+        resolve_spec(spec(model={"path": "tiny:../../etc"}))
+    # As a path (how the policy sees any other text) it is relative, under any policy.
+    for policy in (POLICY, PathPolicy("local")):
+        errors = path_problem("model.path", "model", "tiny:../../etc", policy)
+        assert errors and "relative path" in errors
+
+
+def test_empty_roots_mean_no_restriction_on_absolute_paths_but_relative_ones_are_refused():
+    s = spec(model={"path": "/anywhere/m"}, data={"train_files": ["/data/a.jsonl"]},
+             trainer={"output_dir": "/outputs"})
     assert check_paths(s, PathPolicy("local")) == []
+    relative = spec(model={"path": "/anywhere/m"}, data={"train_files": ["rel.jsonl"]},
+                    trainer={"output_dir": "/outputs"})
+    errors = check_paths(relative, PathPolicy("local"))
+    assert fields(errors) == ["data.train_files.0"]
+    assert "give an absolute path on the cluster" in errors[0]["message"]
     assert PathPolicy("local").unrestricted and not POLICY.unrestricted
 
 
@@ -125,6 +142,8 @@ def _str_fields(model: type[BaseModel], prefix: str = ""):
         tp = info.annotation
         if get_origin(tp) in (Union, types.UnionType):
             tp = next(a for a in get_args(tp) if a is not type(None))
+        if get_origin(tp) is Annotated:  # e.g. rl_core.spec.ModelLocation
+            tp = get_args(tp)[0]
         if get_origin(tp) is list:
             tp = get_args(tp)[0]
         if isinstance(tp, type) and issubclass(tp, BaseModel):

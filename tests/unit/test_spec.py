@@ -602,3 +602,23 @@ def test_the_resources_are_sampled_every_10_s_unless_turned_off_or_too_often():
     for bad in (-1, 3601):
         with pytest.raises(SpecError, match="tools.monitor.system_metrics_interval"):
             resolve_spec({**base, "tools": {"monitor": {"system_metrics_interval": bad}}})
+
+
+@pytest.mark.parametrize(("name", "problem"), [
+    ("a\x00b", "NUL"), ("two\nlines", "control character U+000A"),
+    ("\x1b[31mred", "control character U+001B"), ("abc\u202eexe.txt", "U+202E"),
+    ("a\u2066b", "U+2066"), ("a\u2028b", "line separator U+2028"), ("a\x85b", "U+0085")])
+def test_a_run_name_is_one_line_of_plain_text(name, problem):
+    [error] = errors_of({**MINIMAL, "name": name})
+    assert error["field"] == "name" and problem in error["message"], error
+
+
+def test_a_run_name_may_hold_any_script_and_emoji():
+    for name in ("grpo 🏃‍♂️ run", "فارسی‌نویسی", "训练 #3", "tab\u00a0less"):
+        assert resolve_spec({**MINIMAL, "name": name}).name == name
+
+
+def test_no_text_of_a_spec_holds_a_nul():
+    """PostgreSQL stores no NUL in text: refused where it is, not when the run is stored."""
+    [error] = errors_of({**MINIMAL, "model": {"path": "tiny:small\x00"}})
+    assert error["field"] == "model.path" and "NUL" in error["message"], error
