@@ -40,10 +40,11 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its start-up log would b
 
 from transformers import GenerationConfig  # noqa: E402
 
-from rl_core.engines.rollout import NativeRolloutEngine, SamplingParams  # noqa: E402
-from rl_core.engines.vllm_rollout import INSTALL_HINT, vllm_available  # noqa: E402
 from rl_core.errors import InputError  # noqa: E402
 from rl_core.models.tiny import build_tiny, count_parameters, write_tiny  # noqa: E402
+from rl_core.rollout.native import NativeRolloutEngine  # noqa: E402
+from rl_core.rollout.sampling import SamplingParams  # noqa: E402
+from rl_core.rollout.vllm import INSTALL_HINT, vllm_available  # noqa: E402
 
 SIZES = {
     "nano": ("nano", {}),
@@ -103,7 +104,7 @@ def vllm_engine(model, tokenizer, folder: Path, args: argparse.Namespace):
     to every request's stop ids, so the folder is saved without eos ids and the engine's stop ids
     are emptied after it is built (its constructor insists on at least one).
     """
-    from rl_core.engines.vllm_rollout import VLLMRolloutEngine
+    from rl_core.rollout.vllm import VLLMRolloutEngine
 
     configured = model.generation_config
     model.generation_config = GenerationConfig(pad_token_id=tokenizer.pad_token_id)

@@ -42,8 +42,8 @@ from rl_core.data.prompts import Prompts, tokenize_prompts
 from rl_core.data.run_data import load_prompt_data
 from rl_core.determinism import process_report, record_determinism, seed_everything
 from rl_core.engines.balance import balanced_shares
-from rl_core.engines.rollout import SamplingParams
 from rl_core.errors import InputError, StaleWeightsError, TrainingStopped
+from rl_core.rollout.sampling import SamplingParams
 from rl_core.models.loading import (
     check_model_folder,
     load_tokenizer,
@@ -77,7 +77,7 @@ def preflight(spec: RunSpec, *, local: bool) -> None:
     if not local and kind.torch_type != "cpu":
         return  # a Ray cluster's devices are not this host's: its ranks check their own
     if spec.rollout.engine == "vllm":  # exit 2 naming the extra, before any role starts
-        from rl_core.engines.vllm_rollout import import_vllm
+        from rl_core.rollout.vllm import import_vllm
 
         import_vllm()
         check_vllm_share(spec)
@@ -182,7 +182,7 @@ class Controller:
 
         critic = self.resume_from / "critic" if self.resume_from else None
         options = {"model_path": self.model_path, "total_steps": self.total_steps,
-                   "reference": reference,
+                   "reference": reference, "sampling": self.sampling,
                    "critic_path": str(critic) if critic and critic.is_dir() else None}
         if self.backend == "ray":
             return cluster.ray_roles(self.spec, **options)

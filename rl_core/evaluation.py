@@ -15,7 +15,7 @@ from dataclasses import replace
 import torch
 
 from rl_core.data.prompts import Prompts, decode_responses
-from rl_core.engines.rollout import SamplingParams
+from rl_core.rollout.sampling import SamplingParams
 
 CORRECTNESS_REWARDS = ("math_accuracy", "math", "exact_match", "countdown")
 

@@ -3,7 +3,7 @@
     shape = shape_of(spec)                       # config.json, a tiny preset or a known model
     result = plan(spec, shape)                   # device memory from the spec's device kind
     print(format_table(result))                  # or result.to_dict() for the API
-    python -m rl_core plan SPEC.yaml [KEY=VALUE ...] [--device-memory-gb 64] [--json]
+    python -m rl_core plan SPEC.yaml [KEY=VALUE ...] [--device-memory-gb 64] [--json]  # rl_core.cli.plan
 
 This module imports only the standard library, the spec and the tiny-model presets (the web
 process plans a submission without torch). Every figure is bytes per device: a data-parallel
@@ -91,19 +91,17 @@ more than the plan.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
-import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rl_core.errors import EXIT_INPUT, InputError
+from rl_core.errors import InputError
 from rl_core.models.presets import TINY_PREFIX, get_size  # torch-free
-from rl_core.spec import RunSpec, load_spec
+from rl_core.spec import RunSpec
 
 GIB = 2**30
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -1009,31 +1007,3 @@ def device_memory_of(device: str) -> int | None:
         if key in (name, name.split("-", 1)[-1]):
             return None if size is None else int(size * GIB)
     return None
-
-
-# --------------------------------------------------------------------------- command line
-
-
-def add_parser(commands: argparse._SubParsersAction) -> None:
-    """`python -m rl_core plan SPEC [KEY=VALUE ...] [--device-memory-gb N] [--json]`."""
-    parser = commands.add_parser(
-        "plan", help="print the memory plan of a spec per device (exit 2 when invalid)")
-    parser.add_argument("file", help="YAML run spec")
-    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
-                        help="dotted overrides, e.g. actor.ppo_micro_batch_size=1")
-    parser.add_argument("--device-memory-gb", type=float, default=None, metavar="N",
-                        help="memory of one device in GiB (default: by resources.device_type)")
-    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
-    parser.set_defaults(handler=run_command)
-
-
-def run_command(args: argparse.Namespace) -> int:
-    try:
-        spec = load_spec(args.file, args.overrides)
-        memory = None if args.device_memory_gb is None else int(args.device_memory_gb * GIB)
-        result = plan(spec, shape_of(spec), memory)
-    except InputError as exc:  # a SpecError too
-        print(exc, file=sys.stderr)
-        return EXIT_INPUT
-    print(json.dumps(result.to_dict(), indent=2) if args.json else format_table(result))
-    return 0

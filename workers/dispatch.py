@@ -11,7 +11,7 @@
 Every state change goes through `experiments.services.transition` (a conditional UPDATE), so a
 redelivered task or a second worker cannot act twice; the database is the source of truth and
 Ray is asked again whenever in doubt. Ray and MLflow are reached only through
-`workers.ray_jobs` and `workers.tracking`, imported when first used.
+`workers.ray_jobs` and `experiments.mlflow_store`, imported when first used.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def ray_jobs(cluster: Cluster):
 
 
 def tracking():
-    from workers.tracking import Tracking
+    from experiments.mlflow_store import Tracking
 
     return Tracking(settings.MLFLOW_TRACKING_URI)
 

@@ -26,7 +26,8 @@ from accounts.throttling import InviteThrottle, TokenCreateThrottle
 from accounts.validation import InviteInput, RoleInput, TokenInput
 from experiments.models import Experiment
 from experiments.queries import parse_id
-from experiments.services import DomainError, RequestError, create_experiment
+from ascent.errors import DomainError, RequestError
+from experiments.services import create_experiment
 from frontend.forms import ExperimentForm, ProjectForm
 
 

@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from accounts.choices import InvitationState, Role
 from accounts.models import Invitation, Membership, Project
-from experiments.services import DomainError  # the platform's one "conflicts with the state" error
+from ascent.errors import DomainError  # the platform's one "conflicts with the state" error
 
 
 def create_project(user, name: str, description: str = "") -> Project:

@@ -12,7 +12,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from accounts.models import ApiToken
-from experiments.services import RequestError
+from ascent.errors import RequestError
 
 FIELD = "expires_in_days"
 

@@ -11,7 +11,7 @@ from rest_framework import serializers
 from accounts.choices import Role
 from accounts.models import ApiToken
 from accounts.tokens import token_expiry
-from experiments.services import RequestError
+from ascent.errors import RequestError
 
 
 class RoleInput(serializers.Serializer):

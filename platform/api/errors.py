@@ -19,7 +19,7 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from experiments.services import DomainError, RequestError
+from ascent.errors import DomainError, RequestError
 from experiments.tracking import TrackingUnavailable
 from rl_core.spec import SpecError
 

@@ -4,7 +4,7 @@ from django.urls import path
 from rest_framework.routers import DefaultRouter
 
 from api import views
-from audit.api import AuditEntryViewSet
+from api.audit import AuditEntryViewSet
 from experiments.queries import ID_PATTERN
 
 

@@ -47,11 +47,10 @@ def compute_capacity(nodes: list[tuple[str, str, int, int]], held: dict[str, int
 
 
 def held_devices(cluster: Cluster) -> dict[str, int]:
-    """Devices held on the cluster by attempts that have not ended, by kind."""
-    from experiments.models import Attempt  # experiments depends on clusters, not the reverse
-
+    """Devices held on the cluster by attempts that have not ended, by kind (read through the
+    reverse relation `cluster.attempts`: experiments depends on clusters, not the reverse)."""
     rows = (
-        Attempt.objects.filter(cluster=cluster, ended_at__isnull=True)
+        cluster.attempts.filter(ended_at__isnull=True)
         .values("run__device_type")
         .annotate(n=Sum("device_count"))
     )

@@ -38,8 +38,3 @@ TRANSITIONS: dict[RunState, frozenset[RunState]] = {
 
 def can_transition(source: str, target: str) -> bool:
     return RunState(target) in TRANSITIONS[RunState(source)]
-
-
-def sources_of(target: str) -> frozenset[RunState]:
-    """Every state from which `target` may be entered."""
-    return frozenset(s for s, targets in TRANSITIONS.items() if RunState(target) in targets)

@@ -20,7 +20,7 @@ from django.conf import settings
 
 from experiments.choices import TERMINAL_STATES
 from experiments.models import Run
-from experiments.services import DomainError
+from ascent.errors import DomainError
 from experiments.tracking import TrackingUnavailable, _tracking
 
 
@@ -66,17 +66,6 @@ class Thresholds:
 
 def _folder() -> Path:
     return Path(settings.VAR_DIR) / "precision"
-
-
-def has_dumps(run: Run) -> bool:
-    """Whether the run logged precision dumps (False when MLflow cannot say)."""
-    if not run.mlflow_run_id:
-        return False
-    client, error = _tracking()
-    try:
-        return any(row["is_dir"] for row in client.list_artifacts(run.mlflow_run_id, "precision"))
-    except error:
-        return False
 
 
 def _dumps(run: Run, into: Path) -> Path:

@@ -21,6 +21,7 @@ from django.db.models import Q
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from ascent.errors import DomainError, RequestError  # raised here; the API and UI answer them
 from clusters.choices import DeviceKind, NodeState, kind_of
 from clusters.models import Cluster, Node
 from clusters.services import node_memory, path_refusals
@@ -37,23 +38,11 @@ from rl_core.spec import RunSpec, SpecError, resolve_spec
 _TRANSITION_TRIES = 3
 
 
-class DomainError(Exception):
-    """A request that conflicts with the current state of the domain (HTTP 409)."""
-
-
 class IllegalTransition(DomainError):
     def __init__(self, run_id: int, current: str, target: str, hint: str = ""):
         self.run_id, self.current, self.target = run_id, current, target
         text = f"Run {run_id} is {current}; it cannot move to {target}."
         super().__init__(f"{text} {hint}".strip())
-
-
-class RequestError(ValueError):
-    """Input that is well-formed but does not fit the domain (HTTP 400). `field` names it."""
-
-    def __init__(self, field: str, message: str):
-        self.field = field
-        super().__init__(message)
 
 
 def notify_worker(task: str, *args) -> None:

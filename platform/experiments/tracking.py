@@ -1,4 +1,5 @@
-"""What a run logged to MLflow (metrics, artifacts, comparisons), read through workers.tracking."""
+"""What a run logged to MLflow (metrics, artifacts, comparisons), read through
+experiments.mlflow_store."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ class TrackingUnavailable(Exception):
 
 def _tracking():
     """The MLflow adapter and its error class (imported here: mlflow loads only when needed)."""
-    from workers.tracking import Tracking, TrackingError
+    from experiments.mlflow_store import Tracking, TrackingError
 
     return Tracking(settings.MLFLOW_TRACKING_URI), TrackingError
 

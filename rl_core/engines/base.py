@@ -1,9 +1,9 @@
-"""The engine interfaces: what a training engine and a rollout engine must offer the roles.
+"""The training engine's interface: what it must offer the roles (the rollout engine's is
+rl_core.rollout.base).
 
-A training engine owns a model's optimizer on a device (plain PyTorch today, FSDP2 next); a
-rollout engine generates responses from prompts (the native decoder today, vLLM next). The
-roles only call these methods, so a new engine is a new implementation registered by name in
-`rl_core.engines` (`actor.strategy`, `rollout.engine`) and nothing else changes.
+A training engine owns a model's optimizer on a device (plain PyTorch, FSDP2). The roles only
+call these methods, so a new engine is a new implementation registered by name in
+`rl_core.engines` (`actor.strategy`) and nothing else changes.
 
 Weights travel from a training engine to a rollout engine as an iterator of buckets, each a
 list of (name, tensor) pairs of at most about `bucket_bytes`, so the whole model is never
@@ -12,12 +12,10 @@ copied at once.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 import torch
-
-from rl_core.data.batch import Batch
 
 # loss_fn(micro, outputs (b, R), entropy (b, R) | None) -> (scalar loss, metrics)
 LossFn = Callable[[dict[str, Any], torch.Tensor, "torch.Tensor | None"],
@@ -56,24 +54,3 @@ class TrainingEngine(Protocol):
 
     def reload(self) -> None:
         """Bring them back to the device."""
-
-
-@runtime_checkable
-class RolloutEngine(Protocol):
-    """Generates responses to prompts into the batch container (`ROLLOUT_COLUMNS`)."""
-
-    def generate(self, prompts: Sequence[Sequence[int]], params: Any,
-                 generator: torch.Generator | None = None, *,
-                 uniforms: torch.Tensor | None = None) -> Batch:
-        """`params.n` responses to each prompt (token ids), a prompt's rows adjacent."""
-
-    def load_weights(self, buckets: Iterable[WeightBucket]) -> None:
-        """Take new weights from a training engine's `weight_buckets`."""
-
-    def free_cache(self) -> None:
-        """Release the KV cache (before a training update on the same devices)."""
-
-    def sleep(self) -> None:
-        """Release what the engine holds on the device while training runs (where it can)."""
-
-    def wake_up(self) -> None: ...

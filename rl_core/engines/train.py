@@ -68,7 +68,6 @@ import torch
 import torch.nn.functional as F
 
 from rl_core.algos.entropy import log_probs_from_logits
-from rl_core.algos.masked import masked_mean
 from rl_core.engines.balance import token_micro_batches
 from rl_core.engines.base import LossFn, WeightBucket
 from rl_core.engines.packing import Packed, attention_of, pack, prepare_packing
@@ -174,16 +173,7 @@ class _Extents:
         return max(left, 0), max(right, 0)
 
 
-# --------------------------------------------------------------------------- losses
-
-
-def sft_loss_fn(
-    micro: Mapping[str, Any], logprobs: torch.Tensor, entropy: torch.Tensor | None
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Supervised warm-start loss: NLL of the response tokens, token-mean (use with the
-    engine's `loss_agg_mode="token-mean"`). logprobs, micro["response_mask"] (b, R) -> scalar."""
-    nll = -masked_mean(logprobs, micro["response_mask"])
-    return nll, {f"{METRIC_PREFIX}sft_loss": nll.detach()}
+# --------------------------------------------------------------------------- log-probs
 
 
 def token_logprobs(

@@ -6,11 +6,12 @@ from __future__ import annotations
 from rl_core.data.datasets import load_prompts
 from rl_core.data.prompts import Prompts
 from rl_core.data.templates import render_prompts
-from rl_core.engines.rollout import NativeRolloutEngine, SamplingParams, eos_ids
 from rl_core.errors import InputError
 from rl_core.evaluation import evaluate_prompts
 from rl_core.models.loading import load_model_and_tokenizer
 from rl_core.rewards import RewardComposer
+from rl_core.rollout.native import NativeRolloutEngine, eos_ids
+from rl_core.rollout.sampling import SamplingParams
 
 
 def evaluate_checkpoint(checkpoint: str, data: str, *, k: int = 0, template: str = "plain",

@@ -17,20 +17,21 @@ from pathlib import Path
 import torch
 
 from rl_core import device as devices
+from rl_core.algos.sft import sft_loss_fn
 from rl_core.checkpoint import save_checkpoint
 from rl_core.data.loader import ResumableLoader
 from rl_core.data.prompts import response_batch, tokenize_prompts
 from rl_core.data.run_data import load_prompt_data
-from rl_core.engines import rollout_engine, training_engine
-from rl_core.engines.rollout import SamplingParams
-from rl_core.engines.train import sft_loss_fn
 from rl_core.determinism import process_report, record_determinism, seed_everything
+from rl_core.engines import training_engine
 from rl_core.errors import InputError, NonFiniteError, TrainingStopped
 from rl_core.evaluation import evaluate_prompts
 from rl_core.models.loading import load_from_spec
 from rl_core.precision import PrecisionPlan, StageDumper, update_data
 from rl_core.profiling import ProfilePlan, StageProfiler
 from rl_core.rewards import RewardComposer
+from rl_core.rollout import rollout_engine
+from rl_core.rollout.sampling import SamplingParams
 from rl_core.spec import RunSpec
 from rl_core.tracking import Tracker, log_tool_files, make_tracker, memory_metrics
 

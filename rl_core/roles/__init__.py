@@ -1,6 +1,6 @@
 """The roles of a run (actor + rollout, reference, critic, reward) and how they are started.
 
-See `rl_core.roles.workers` for what each role does, `rl_core.roles.group` for how the
+See `rl_core.roles.actors` for what each role does, `rl_core.roles.group` for how the
 controller calls a role's ranks, and `rl_core.roles.cluster` for placement on Ray.
 """
 

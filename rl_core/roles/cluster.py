@@ -28,13 +28,14 @@ from typing import Any
 from rl_core import device as devices
 from rl_core.determinism import process_env
 from rl_core.errors import InputError
-from rl_core.roles.group import LocalGroup, RayGroup
-from rl_core.roles.workers import (
+from rl_core.roles.actors import (
     ActorWorker,
     CriticWorker,
     ReferenceWorker,
     RewardWorker,
 )
+from rl_core.roles.group import LocalGroup, RayGroup
+from rl_core.rollout.sampling import SamplingParams
 from rl_core.spec import RunSpec
 
 log = logging.getLogger("rl_core")
@@ -74,18 +75,20 @@ class Roles:
 
 
 def local_roles(spec: RunSpec, *, model_path: str, total_steps: int, reference: bool,
-                reference_from_policy: bool, critic_path: str | None = None,
-                device: str | None = None) -> Roles:
-    """Every role in this process (one rank each)."""
+                sampling: SamplingParams, reference_from_policy: bool,
+                critic_path: str | None = None, device: str | None = None) -> Roles:
+    """Every role in this process (one rank each); `sampling`: the controller's parameters."""
     from rl_core.data.channel import DataChannel
 
-    actor = ActorWorker(spec, model_path=model_path, total_steps=total_steps, device=device)
+    actor = ActorWorker(spec, model_path=model_path, total_steps=total_steps, sampling=sampling,
+                        device=device)
     ref = None
     if reference:
         import copy
 
         model = copy.deepcopy(actor.model) if reference_from_policy else None
-        ref = LocalGroup("reference", [ReferenceWorker(spec, device=device, model=model)])
+        ref = LocalGroup("reference", [ReferenceWorker(spec, sampling=sampling, device=device,
+                                                       model=model)])
     critic = None
     if spec.critic.enable:
         critic = LocalGroup("critic", [CriticWorker(spec, total_steps=total_steps,
@@ -170,8 +173,9 @@ def check_resources(spec: RunSpec, have: dict[str, float]) -> None:
 
 
 def ray_roles(spec: RunSpec, *, model_path: str, total_steps: int, reference: bool,
-              critic_path: str | None = None) -> Roles:
-    """Start every role as Ray actors on one placement group; see the module docstring."""
+              sampling: SamplingParams, critic_path: str | None = None) -> Roles:
+    """Start every role as Ray actors on one placement group; see the module docstring.
+    `sampling`: the controller's parameters, handed to the actor and the reference."""
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -210,11 +214,12 @@ def ray_roles(spec: RunSpec, *, model_path: str, total_steps: int, reference: bo
         backend = kind.backend
         common = {"size": spec.world_size, "backend": backend, "timeout_s": ROLE_START_TIMEOUT_S}
         actor = RayGroup.start("actor", ActorWorker, spec, model_path=model_path,
-                               total_steps=total_steps, options=options(), **common)
+                               total_steps=total_steps, sampling=sampling, options=options(),
+                               **common)
         cleanup.insert(0, actor.shutdown)
         ref = None
         if reference:
-            ref = RayGroup.start("reference", ReferenceWorker, spec,
+            ref = RayGroup.start("reference", ReferenceWorker, spec, sampling=sampling,
                                  options=options(), **common)
             cleanup.insert(0, ref.shutdown)
         critic = None

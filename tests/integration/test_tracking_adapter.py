@@ -10,7 +10,7 @@ import pytest
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
-from workers.tracking import Tracking, TrackingError, downsample
+from experiments.mlflow_store import Tracking, TrackingError, downsample
 
 
 @pytest.fixture(scope="module")

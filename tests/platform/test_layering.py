@@ -1,6 +1,7 @@
 """The layers import downwards only: the web UI (frontend/) and the REST API (api/) both stand on
 the domain apps (accounts, clusters, experiments), and neither the UI nor the domain imports the
-API; the domain imports neither of them."""
+API; the domain imports neither of them. No two apps import each other, even through others;
+the project package (ascent/) is below every app, and platform/ below the Celery workers."""
 
 from __future__ import annotations
 
@@ -65,3 +66,70 @@ def test_it_keeps_the_domain_off_the_api_and_the_ui(app):
 
     assert offending(folder, ("api", "frontend")) == [], (
         f"platform/{app}/ is domain code: it must not import api/ or frontend/ (they import it)")
+
+
+# --- the apps' graph --------------------------------------------------------------------------
+
+PACKAGES = {**{p.name: p for p in sorted((ROOT / "platform").iterdir())
+               if (p / "__init__.py").exists()},
+            "frontend": ROOT / "frontend", "workers": ROOT / "workers"}
+
+
+def app_graph(packages: dict[str, Path]) -> dict[str, dict[str, str]]:
+    """app -> {app it imports: one place that does}, over every import at any depth (one inside
+    a function runs too)."""
+    graph: dict[str, dict[str, str]] = {name: {} for name in packages}
+    for name, folder in packages.items():
+        for path in modules(folder):
+            for line, module in imported(path):
+                target = module.split(".")[0]
+                if target in packages and target != name:
+                    graph[name].setdefault(target, f"{path.relative_to(ROOT)}:{line}")
+    return graph
+
+
+def cycle(graph: dict[str, dict[str, str]]) -> list[str]:
+    """One import cycle of the graph as 'a -> b (where) -> …', or [] when there is none."""
+    state: dict[str, str] = {}
+
+    def visit(node: str, nodes: list[str], edges: list[str]) -> list[str]:
+        state[node] = "open"
+        for target, where in sorted(graph[node].items()):
+            edge = f"{node} -> {target} ({where})"
+            if state.get(target) == "open":
+                return [*edges[nodes.index(target):], edge]
+            if target not in state and (found := visit(target, [*nodes, target], [*edges, edge])):
+                return found
+        state[node] = "done"
+        return []
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node, [node], [])):
+            return found
+    return []
+
+
+def test_it_finds_a_cycle_between_apps():
+    graph = {"a": {"b": "a.py:1"}, "b": {"c": "b.py:2"}, "c": {"a": "c.py:3"}, "d": {}}
+    assert cycle(graph) == ["a -> b (a.py:1)", "b -> c (b.py:2)", "c -> a (c.py:3)"]
+    assert cycle({"a": {"b": "a.py:1"}, "b": {}}) == []
+
+
+def test_the_apps_import_each_other_without_a_cycle():
+    graph = app_graph(PACKAGES)
+    assert {"accounts", "clusters", "experiments", "api", "audit", "ascent"} <= set(graph)
+    assert cycle(graph) == [], (
+        "an import cycle between apps: move the shared piece down (errors to ascent.errors, a "
+        "query to the app that owns its model) or the importing code up")
+
+
+def test_the_platform_never_imports_the_celery_workers():
+    assert offending(ROOT / "platform", ("workers",)) == [], (
+        "platform/ is below workers/ (the Celery tasks import the platform, not the reverse)")
+
+
+def test_the_project_package_imports_no_app():
+    apps = tuple(name for name in PACKAGES if name != "ascent")
+    assert offending(ROOT / "platform" / "ascent", apps) == [], (
+        "ascent/ (settings, shared errors and validators) is below every app; urls.py names the "
+        "apps' URL modules as text (include('api.urls'))")

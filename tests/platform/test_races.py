@@ -10,8 +10,8 @@ import pytest
 from accounts.models import Project
 from experiments.choices import RunState
 from experiments.models import Experiment, Run
-from experiments.services import (DomainError, clone_run, delete_experiment, delete_project,
-                                  restart_run)
+from ascent.errors import DomainError
+from experiments.services import clone_run, delete_experiment, delete_project, restart_run
 from tests.platform.racing import race
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -6,12 +6,18 @@ import threading
 
 import pytest
 
-from experiments.choices import TERMINAL_STATES, TRANSITIONS, RunState, can_transition, sources_of
+from experiments.choices import TERMINAL_STATES, TRANSITIONS, RunState, can_transition
 from experiments.models import Run
-from experiments.services import DomainError, IllegalTransition, restart_run, transition
+from ascent.errors import DomainError
+from experiments.services import IllegalTransition, restart_run, transition
 from tests.platform.racing import race
 
 S = RunState
+
+
+def sources_of(target: str) -> frozenset[RunState]:
+    """Every state from which `target` may be entered."""
+    return frozenset(s for s, targets in TRANSITIONS.items() if RunState(target) in targets)
 
 
 def make_run(experiment, state=S.QUEUED) -> Run:

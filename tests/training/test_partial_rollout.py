@@ -14,9 +14,9 @@ import pytest
 from test_trainer import read_metrics, tiny_spec
 
 from rl_core.data.loader import ResumableLoader
-from rl_core.engines.vllm_rollout import vllm_available
 from rl_core.models.tiny import build_tiny, write_tiny
 from rl_core.recipes.rl import RLTrainer
+from rl_core.rollout.vllm import vllm_available
 from rl_core.spec import resolve_spec
 from rl_core.tracking import stable_metrics
 

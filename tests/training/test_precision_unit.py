@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from rl_core import precision
+from rl_core.cli import main as rl_core_main
 from rl_core.errors import InputError
 from rl_core.precision import PERTURB_ENV, PrecisionPlan, StageDumper, compare, perturb
 
@@ -428,30 +429,35 @@ def test_report_files(baseline, tmp_path):
 # --------------------------------------------------------------------------- command line
 
 
+def precision_cli(argv: list[str]) -> int:
+    """`python -m rl_core precision ARGV...` in this process: its exit status."""
+    return rl_core_main(["precision", *argv])
+
+
 def test_cli_exit_codes_and_files(baseline, tmp_path, capsys):
     same = rl_step(tmp_path / "same")
-    assert precision.main(["compare", str(baseline), str(same)]) == 0
+    assert precision_cli(["compare", str(baseline), str(same)]) == 0
     assert "no divergence" in capsys.readouterr().out
     written = same / f"compare_{baseline.parent.name}_precision"
     assert {p.name for p in written.iterdir()} == {"report.json", "report.csv"}
 
     other = rl_step(tmp_path / "other", perturbed={"update": ("layers.1", 0.01)})
     out = tmp_path / "report"
-    assert precision.main(["compare", str(baseline), str(other), "--out", str(out)]) == 1
+    assert precision_cli(["compare", str(baseline), str(other), "--out", str(out)]) == 1
     assert "first divergence: stage update" in capsys.readouterr().out
     assert json.loads((out / "report.json").read_text())["diverged"] is True
     loose = ["--abs-max", "1", "--rel-max", "1", "--out", str(tmp_path / "loose")]
-    assert precision.main(["compare", str(baseline), str(other), *loose]) == 0
+    assert precision_cli(["compare", str(baseline), str(other), *loose]) == 0
 
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert precision.main(["compare", str(baseline), str(empty)]) == 2
+    assert precision_cli(["compare", str(baseline), str(empty)]) == 2
     err = capsys.readouterr().err
     assert str(empty) in err and "dump.json" in err
-    assert precision.main(["compare", str(tmp_path / "missing"), str(baseline)]) == 2
+    assert precision_cli(["compare", str(tmp_path / "missing"), str(baseline)]) == 2
     assert "is not a folder" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_info:
-        precision.main(["compare", str(baseline)])
+        precision_cli(["compare", str(baseline)])
     assert exit_info.value.code == 2
 
 

@@ -15,14 +15,15 @@ from test_trainer import read_metrics
 
 from rl_core.data.prompts import tokenize_prompts
 from rl_core.data.run_data import load_prompt_data
-from rl_core.engines.rollout import NativeRolloutEngine, SamplingParams
 from rl_core.engines.train import token_logprobs
-from rl_core.engines.vllm_rollout import vllm_available
 from rl_core.errors import StaleWeightsError
 from rl_core.models.loading import load_tokenizer
 from rl_core.recipes import run
 from rl_core.recipes.rl import ACTOR_KEYS
-from rl_core.roles.workers import ActorWorker
+from rl_core.roles.actors import ActorWorker
+from rl_core.rollout.native import NativeRolloutEngine
+from rl_core.rollout.sampling import SamplingParams
+from rl_core.rollout.vllm import vllm_available
 from rl_core.spec import resolve_spec
 
 pytestmark = pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed")
@@ -51,7 +52,8 @@ def actor(sft_base, tmp_path_factory):
     """An actor rank with the plain training engine and a vLLM rollout, in this process."""
     spec = resolve_spec(vllm_spec(sft_base, tmp_path_factory.mktemp("actor"),
                                   actor={"lr": 0.05, "warmup_steps": 0}))
-    worker = ActorWorker(spec, model_path=str(sft_base), total_steps=10)
+    worker = ActorWorker(spec, model_path=str(sft_base), total_steps=10,
+                         sampling=SamplingParams.from_config(spec.rollout))
     yield worker
     worker.shutdown()
 
@@ -220,7 +222,7 @@ def test_a_model_vllm_cannot_serve_is_named_before_any_rollout(tmp_path, sft_bas
     import json
     import shutil
 
-    from rl_core.engines.vllm_rollout import VLLMRolloutEngine
+    from rl_core.rollout.vllm import VLLMRolloutEngine
     from rl_core.errors import InputError
 
     folder = tmp_path / "model"
@@ -234,7 +236,7 @@ def test_a_model_vllm_cannot_serve_is_named_before_any_rollout(tmp_path, sft_bas
 
 
 def test_a_head_size_without_a_cpu_attention_kernel_is_named_when_the_engine_is_built(tmp_path):
-    from rl_core.engines.vllm_rollout import VLLMRolloutEngine
+    from rl_core.rollout.vllm import VLLMRolloutEngine
     from rl_core.errors import InputError
     from rl_core.models.tiny import build_tiny
 

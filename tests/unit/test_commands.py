@@ -77,7 +77,7 @@ def test_sigterm_stops_the_work_through_its_clean_up_without_a_traceback(capsys)
     import os
     import signal
 
-    from rl_core.cli import run_guarded
+    from rl_core.cli.run import run_guarded
 
     cleaned = []
 

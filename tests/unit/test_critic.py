@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from rl_core.roles.workers import CriticWorker
+from rl_core.roles.actors import CriticWorker
 from rl_core.spec import resolve_spec
 
 

@@ -20,7 +20,7 @@ from rl_core.data import (
     synthetic_splits,
     verify_countdown,
 )
-from rl_core.data.cli import add_parser
+from rl_core.cli.data import add_parser
 from rl_core.spec import resolve_spec
 
 

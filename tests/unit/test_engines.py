@@ -8,12 +8,15 @@ import copy
 import pytest
 import torch
 
-from rl_core.engines import rollout_engine, training_engine
-from rl_core.engines.base import RolloutEngine, TrainingEngine
-from rl_core.engines.rollout import NativeRolloutEngine, SamplingParams
+from rl_core.engines import training_engine
+from rl_core.engines.base import TrainingEngine
 from rl_core.engines.train import LogProbHead, TrainEngine, ValueHead
 from rl_core.errors import InputError
 from rl_core.models.tiny import build_tiny
+from rl_core.rollout import rollout_engine
+from rl_core.rollout.base import RolloutEngine
+from rl_core.rollout.native import NativeRolloutEngine
+from rl_core.rollout.sampling import SamplingParams
 
 
 @pytest.fixture(scope="module")

@@ -143,3 +143,17 @@ def test_what_the_web_process_imports_stays_free_of_torch(module):
     light = ("rl_core", "rl_core.errors", "rl_core.spec", "rl_core.models.presets")
     heavy = [target for target, _, _ in imports(module) if target not in light]
     assert not heavy, f"{module} imports {heavy}"
+
+
+def test_only_the_command_line_parses_arguments():
+    """The command line is one package (rl_core.cli); library modules hold no argparse."""
+    parsing = []
+    for name, path in MODULES.items():
+        if name.startswith("rl_core.cli") or name == "rl_core.__main__":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module] if isinstance(node, ast.ImportFrom) else [])
+            if "argparse" in names:
+                parsing.append(f"{name} (line {node.lineno})")
+    assert not parsing, f"argparse outside rl_core.cli: {parsing}; move the command there"

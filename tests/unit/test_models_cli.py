@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rl_core.models.cli import add_parser
+from rl_core.cli.models import add_parser
 from rl_core.models.loading import load_model_and_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -71,7 +71,7 @@ def test_an_unknown_size_is_an_argparse_error(tmp_path, capsys):
 
 
 def test_registering_the_command_does_not_import_torch():
-    code = "import sys, rl_core.models.cli; print('torch' in sys.modules)"
+    code = "import sys, rl_core.cli.models; print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                             text=True, timeout=60)
     assert result.stdout.strip() == "False", result.stderr

@@ -23,7 +23,7 @@ from rl_core.engines.packing import pack
 from rl_core.engines.train import TrainEngine, ValueHead
 from rl_core.errors import InputError
 from rl_core.models.tiny import build_tiny
-from rl_core.roles.workers import sequence_logprobs
+from rl_core.roles.actors import sequence_logprobs
 
 
 @pytest.fixture(scope="module")

@@ -14,9 +14,11 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from rl_core.engines import rollout
-from rl_core.engines.rollout import NativeRolloutEngine, SamplingParams, fast_path_reason
 from rl_core.models.tiny import build_tiny
+from rl_core.rollout import decoder as decoder_module
+from rl_core.rollout.decoder import fast_path_reason
+from rl_core.rollout.native import NativeRolloutEngine
+from rl_core.rollout.sampling import SamplingParams
 
 PAD, EOS = 256, 258
 LENGTHS = (1, 3, 5, 8, 11, 16)
@@ -252,7 +254,7 @@ def test_stopped_rows_are_dropped_from_the_batch_without_changing_results(
     model, fast, monkeypatch
 ):
     kept_rows = []
-    decoder = rollout._FastDecoder if fast else rollout._HFDecoder
+    decoder = decoder_module.FastDecoder if fast else decoder_module.HFDecoder
     select = decoder.select
 
     def spy(self, keep, columns):
@@ -318,7 +320,7 @@ def test_generation_restores_train_mode_and_returns_ordinary_tensors():
 
 
 def test_without_onednn_packing_the_plain_linear_gives_the_same_tokens(model, monkeypatch):
-    monkeypatch.setattr(rollout, "_onednn_packing", lambda weight: False)
+    monkeypatch.setattr(decoder_module, "_onednn_packing", lambda weight: False)
     assert_same_as_hf(model, make_prompts(), fast=True)
 
 

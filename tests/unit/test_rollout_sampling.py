@@ -10,7 +10,7 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from rl_core.engines.rollout import (
+from rl_core.rollout.sampling import (
     SamplingParams,
     apply_min_p,
     apply_top_k,

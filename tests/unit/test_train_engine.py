@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from rl_core.algos import entropy_from_logits, get_policy_loss
+from rl_core.algos.sft import sft_loss_fn
 from rl_core.engines.balance import token_micro_batches
-from rl_core.engines.train import NonFiniteError, TrainEngine, sft_loss_fn
+from rl_core.engines.train import NonFiniteError, TrainEngine
 from rl_core.models.tiny import build_tiny
 from rl_core.spec import ActorConfig
 

@@ -9,7 +9,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from accounts.models import ApiToken
 from accounts.tokens import token_expiry
-from experiments.services import RequestError
+from ascent.errors import RequestError
 
 
 class Command(BaseCommand):

@@ -3,7 +3,7 @@
     python -m rl_core make-data --task addition --digits 3 --num-train 2000 --num-val 200 \\
         --seed 0 --out data/add3 [--format jsonl|parquet]
 
-Register it with `add_parser(commands)` in `rl_core/__main__.py`'s `build_parser`.
+Registered by `rl_core.cli.build_parser` through `add_parser(commands)`.
 """
 
 from __future__ import annotations

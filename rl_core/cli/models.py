@@ -3,7 +3,7 @@
     python -m rl_core make-tiny --size small --out DIR [--seed 0] [--hidden-size N --layers N ...]
 
 Prints the folder, the parameter count and the vocabulary size, one `key: value` per line
-after the folder. Registered by `rl_core/__main__.py` through `add_parser(commands)`; torch and
+after the folder. Registered by `rl_core.cli.build_parser` through `add_parser(commands)`; torch and
 transformers are imported only when the command runs.
 """
 

@@ -29,13 +29,14 @@ from rl_core import algos
 from rl_core.checkpoint import SHARDED_DIRS, rng_state, set_rng_state
 from rl_core.data.batch import Batch
 from rl_core.data.prompts import decode_rows
-from rl_core.engines import rollout_engine, training_engine
-from rl_core.engines.rollout import SamplingParams, draw_uniforms
-from rl_core.engines.train import PARAM_DTYPES, TrainEngine, ValueHead, batch_options
 from rl_core.determinism import seed_everything
+from rl_core.engines import training_engine
+from rl_core.engines.train import PARAM_DTYPES, TrainEngine, ValueHead, batch_options
 from rl_core.errors import NonFiniteError, TrainingStopped
 from rl_core.models.loading import load_model_and_tokenizer
 from rl_core.roles.group import Worker
+from rl_core.rollout import rollout_engine
+from rl_core.rollout.sampling import SamplingParams, draw_uniforms
 from rl_core.spec import RunSpec
 
 
@@ -135,8 +136,9 @@ class ActorWorker(TrainedRole):
 
     role = "actor"
 
-    def __init__(self, spec: RunSpec, *, model_path: str, total_steps: int, rank: int = 0,
-                 world_size: int = 1, device: str | None = None, model=None, tokenizer=None):
+    def __init__(self, spec: RunSpec, *, model_path: str, total_steps: int,
+                 sampling: SamplingParams, rank: int = 0, world_size: int = 1,
+                 device: str | None = None, model=None, tokenizer=None):
         super().__init__(rank, world_size)
         self.spec = spec
         self.device = role_device(spec, device)
@@ -150,7 +152,7 @@ class ActorWorker(TrainedRole):
             model, tokenizer = load_policy(spec, model_path, home)
         self.model, self.tokenizer = model, tokenizer
         self.model_path, self.total_steps = model_path, total_steps
-        self.sampling = SamplingParams.from_config(spec.rollout)
+        self.sampling = sampling
         # the number of updates the policy has taken: every rollout must come from its weights
         self.policy_version = 0
         self.rollout = None
@@ -373,8 +375,8 @@ class ReferenceWorker(Worker):
 
     role = "reference"
 
-    def __init__(self, spec: RunSpec, *, rank: int = 0, world_size: int = 1,
-                 device: str | None = None, model=None):
+    def __init__(self, spec: RunSpec, *, sampling: SamplingParams, rank: int = 0,
+                 world_size: int = 1, device: str | None = None, model=None):
         super().__init__(rank, world_size)
         self.spec = spec
         self.device = role_device(spec, device)
@@ -385,7 +387,7 @@ class ReferenceWorker(Worker):
         if model is None:
             model, _ = load_policy(spec, spec.model.path, home)
         self.model = model.to(home).eval().requires_grad_(False)
-        self.temperature = temperature_of(SamplingParams.from_config(spec.rollout))
+        self.temperature = temperature_of(sampling)
         self.engine = None
         if self.sharded and world_size == 1:
             self.init_alone(role_backend(spec))

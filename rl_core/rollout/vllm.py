@@ -127,7 +127,7 @@ class VLLMRolloutEngine:
                   device: str | torch.device = "cpu", *, model_path: str) -> VLLMRolloutEngine:
         """The engine of the spec's `rollout` section for the model of `model_path` (its config;
         the weights come from the training engine)."""
-        from rl_core.engines.rollout import eos_ids
+        from rl_core.rollout.native import eos_ids
         from rl_core.models.loading import resolve_model_path
 
         dtype = next(model.parameters()).dtype
