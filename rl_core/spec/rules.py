@@ -1,0 +1,441 @@
+"""What a valid spec must also satisfy: values not implemented yet (`NOT_IMPLEMENTED`, refused
+at their field before anything else) and the cross-field rules (`RULES`); each yields (field
+path, message) and its docstring is listed in the generated reference."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel
+from pydantic_core import to_jsonable_python
+
+from rl_core.spec.limits import GROUP_ESTIMATORS, Violation
+from rl_core.spec.sections import ActorConfig, RolloutConfig
+
+if TYPE_CHECKING:  # RunSpec checks itself with these rules
+    from rl_core.spec.model import RunSpec
+
+# --------------------------------------------------------------------------- not implemented yet
+# Fields that the schema describes but no code builds beyond the values listed: dotted path ->
+# the only values accepted today. A spec that sets another value is refused at that field before
+# the cross-field rules run; the reference and the JSON Schema mark each of these fields. An
+# entry goes when its feature lands.
+NOT_IMPLEMENTED: dict[str, tuple[Any, ...]] = {
+    "rollout.tensor_parallel_size": (1,),
+    "reward.reward_model": (None,),
+    "parallel.tensor_parallel_size": (1,),
+    "parallel.pipeline_parallel_size": (1,),
+    "parallel.context_parallel_size": (1,),
+    "parallel.context_parallel_algo": ("ulysses",),  # moot while context_parallel_size is 1
+    "parallel.colocate_actor_rollout": (True,),  # rollout generates in the training process
+    "parallel.resharding": ("auto",),  # one layout for training and inference: nothing to reshard
+}
+
+
+def not_implemented_note(path: str) -> str | None:
+    """The note `not implemented yet (only X)` of a field in NOT_IMPLEMENTED; None for others."""
+    allowed = NOT_IMPLEMENTED.get(path)
+    if allowed is None:
+        return None
+    return f"not implemented yet (only {' or '.join(_shown(value) for value in allowed)})"
+
+
+def _shown(value: Any) -> str:
+    """A value as it is written in YAML: text bare, anything else as JSON (true, null, [2])."""
+    return value if isinstance(value, str) else json.dumps(to_jsonable_python(value))
+
+
+def refusals(spec: BaseModel) -> list[Violation]:
+    """(path, message) for each field of `spec` set to a value that is not implemented yet."""
+    refused = []
+    for path, allowed in NOT_IMPLEMENTED.items():
+        value: Any = spec
+        for part in path.split("."):
+            value = getattr(value, part)
+        if value not in allowed:
+            note = not_implemented_note(path)
+            refused.append((path, f"{_shown(value)} is {note}; see docs/run-spec.md"))
+    return refused
+
+
+# --------------------------------------------------------------------------- cross-field rules
+# Each rule yields (field path, message); its docstring is listed in the generated reference.
+
+
+def _rule_clip_ratios(s: RunSpec) -> Iterator[Violation]:
+    """`actor.clip_ratio_low` ≤ `actor.clip_ratio_high`."""
+    low, high = s.actor.clip_ratio_low, s.actor.clip_ratio_high
+    if low > high:
+        yield (
+            "actor.clip_ratio_low",
+            f"clip_ratio_low ({low}) must be <= clip_ratio_high ({high}): "
+            "lower actor.clip_ratio_low or raise actor.clip_ratio_high",
+        )
+
+
+def _rule_data_source(s: RunSpec) -> Iterator[Violation]:
+    """Exactly one of `data.train_files` and `data.synthetic`, a synthetic task with as many
+    distinct problems as it asks for; DPO files need `chosen_key` and `rejected_key`."""
+    d = s.data
+    if not d.train_files and d.synthetic is None:
+        yield "data.train_files", "no training data: set data.train_files or data.synthetic"
+    if d.train_files and d.synthetic is not None:
+        yield "data.synthetic", "data.train_files and data.synthetic are both set: remove one"
+    g = d.synthetic
+    if g is not None and g.task in ("addition", "multiplication"):
+        space = (10**g.digits) ** 2  # operands 0 .. 10**digits - 1 (rl_core.data.synthetic)
+        if g.num_train + g.num_val > space:
+            yield (
+                "data.synthetic.num_train",
+                f"only {space} distinct {g.digits}-digit {g.task} problems exist, and "
+                f"num_train + num_val = {g.num_train} + {g.num_val} = "
+                f"{g.num_train + g.num_val} distinct ones are asked for: lower them or raise "
+                "data.synthetic.digits",
+            )
+    if s.algorithm == "dpo" and d.train_files:
+        for key in ("chosen_key", "rejected_key"):
+            if getattr(d, key) is None:
+                yield (
+                    f"data.{key}",
+                    f"DPO reads preference pairs from the files: set data.{key} "
+                    "to the record field that holds it",
+                )
+
+
+def _rule_algorithm(s: RunSpec) -> Iterator[Violation]:
+    """PPO needs `critic.enable` and `adv_estimator: gae`, which no other algorithm may use; DPO
+    has no estimator."""
+    alg, est = s.algorithm, s.advantage.adv_estimator
+    if alg == "ppo":
+        if not s.critic.enable:
+            yield "critic.enable", "PPO trains a value model: set critic.enable=true"
+        if est != "gae":
+            yield (
+                "advantage.adv_estimator",
+                "PPO uses GAE advantages: set advantage.adv_estimator=gae",
+            )
+        return
+    if s.critic.enable:
+        yield "critic.enable", f"only PPO uses a critic, this is {alg}: set critic.enable=false"
+    if alg == "dpo":
+        if est is not None:
+            yield (
+                "advantage.adv_estimator",
+                "DPO has no advantage estimator: set advantage.adv_estimator=null",
+            )
+        if s.actor.use_dynamic_bsz:  # a token budget would part a chosen row from its pair
+            yield (
+                "actor.use_dynamic_bsz",
+                "DPO's loss needs each (chosen, rejected) pair in one micro-batch, which a token "
+                "budget does not keep: set actor.use_dynamic_bsz=false and size micro-batches "
+                "with actor.ppo_micro_batch_size",
+            )
+    elif est is None:
+        yield (
+            "advantage.adv_estimator",
+            f"{alg} needs an advantage estimator: set advantage.adv_estimator=grpo",
+        )
+    elif est == "gae":
+        yield (
+            "advantage.adv_estimator",
+            "gae needs the critic that only PPO trains: set algorithm=ppo, or pick another "
+            "advantage.adv_estimator (grpo, rloo, ...)",
+        )
+
+
+def _rule_reference(s: RunSpec) -> Iterator[Violation]:
+    """DAPO has no reference model and no KL terms; KL terms and DPO need `reference.enable`."""
+    ref = s.reference.enable
+    kl_terms = (
+        ("actor.use_kl_loss", s.actor.use_kl_loss, "the KL loss"),
+        ("advantage.use_kl_in_reward", s.advantage.use_kl_in_reward, "the in-reward KL penalty"),
+    )
+    if s.algorithm == "dapo":
+        if ref:
+            yield "reference.enable", "DAPO drops the reference model: set reference.enable=false"
+        for path, on, what in kl_terms:
+            if on:
+                yield path, f"DAPO drops {what}: set {path}=false"
+        return
+    for path, on, what in kl_terms:
+        if on and not ref:
+            yield (
+                path,
+                f"{what} needs the reference model: set reference.enable=true or {path}=false",
+            )
+    if s.algorithm == "dpo" and not ref:
+        yield (
+            "reference.enable",
+            "DPO compares against the reference model: set reference.enable=true",
+        )
+
+
+def _rule_groups(s: RunSpec) -> Iterator[Violation]:
+    """Group estimators (grpo, dr_grpo, rloo, reinforce_plus_plus_baseline) and dynamic sampling
+    need ≥ 2 sampled responses per prompt."""
+    n, est = s.rollout.n_samples_per_prompt, s.advantage.adv_estimator
+    if est in GROUP_ESTIMATORS:
+        if n < 2:
+            yield (
+                "rollout.n_samples_per_prompt",
+                f"{est} compares the responses to the same prompt: "
+                f"set rollout.n_samples_per_prompt >= 2 (it is {n})",
+            )
+        if not s.rollout.do_sample:
+            yield (
+                "rollout.do_sample",
+                f"greedy decoding makes the responses to a prompt identical, so {est} "
+                "advantages are all zero: set rollout.do_sample=true",
+            )
+    if s.advantage.dynamic_sampling.enable and n < 2:
+        yield (
+            "advantage.dynamic_sampling.enable",
+            "dynamic sampling filters groups of responses: set rollout.n_samples_per_prompt >= 2 "
+            "or advantage.dynamic_sampling.enable=false",
+        )
+
+
+def _rule_batch_sizes(s: RunSpec) -> Iterator[Violation]:
+    """Devices divide by tensor × pipeline × context parallel and by
+    `rollout.tensor_parallel_size`; `data.train_batch_size` divides by the data-parallel size and
+    by `actor.ppo_mini_batch_size`; a rank's share of a mini-batch divides by the micro-batch
+    sizes."""
+    world, mp = s.world_size, s.model_parallel_size
+    if world % mp:
+        yield (
+            "parallel",
+            f"{world} devices (resources.num_nodes × resources.devices_per_node) do not split into "
+            f"groups of tensor × pipeline × context parallel = {mp}: change the parallel sizes or "
+            "the device count",
+        )
+        return
+    dp = world // mp
+    if s.parallel.data_parallel_size not in (None, dp):
+        yield (
+            "parallel.data_parallel_size",
+            f"data_parallel_size ({s.parallel.data_parallel_size}) must equal devices / "
+            f"(tensor × pipeline × context parallel) = {dp}: set it to {dp} or null",
+        )
+    if world % s.rollout.tensor_parallel_size:
+        yield (
+            "rollout.tensor_parallel_size",
+            f"{world} devices do not split into inference groups of "
+            f"{s.rollout.tensor_parallel_size}: use a divisor of {world}",
+        )
+    batch, mini, n = (
+        s.data.train_batch_size,
+        s.actor.ppo_mini_batch_size,
+        s.rollout.n_samples_per_prompt,
+    )
+    if batch % dp:
+        yield (
+            "data.train_batch_size",
+            f"train_batch_size ({batch}) must be divisible by the data-parallel size ({dp}): "
+            f"use a multiple of {dp}",
+        )
+    if batch % mini:
+        yield (
+            "actor.ppo_mini_batch_size",
+            f"data.train_batch_size ({batch}) must be divisible by actor.ppo_mini_batch_size "
+            f"({mini}): pick a divisor of {batch}",
+        )
+    if (mini * n) % dp:
+        yield (
+            "actor.ppo_mini_batch_size",
+            f"a mini-batch of {mini} prompts × {n} responses = {mini * n} must split over the "
+            f"data-parallel size ({dp}): change actor.ppo_mini_batch_size",
+        )
+    elif not s.actor.use_dynamic_bsz:
+        per_rank = mini * n // dp
+        micro = [("actor.ppo_micro_batch_size", s.actor.ppo_micro_batch_size)]
+        if s.critic.enable:
+            micro.append(("critic.ppo_micro_batch_size", s.critic.ppo_micro_batch_size))
+        for path, size in micro:
+            if per_rank % size:
+                yield (
+                    path,
+                    f"each data-parallel rank updates on {per_rank} responses per mini-batch, "
+                    f"which {path} ({size}) must divide: pick a divisor of {per_rank}",
+                )
+
+
+def _rule_layouts(s: RunSpec) -> Iterator[Violation]:
+    """`parallel.resharding: none` needs the same training and inference layout."""
+    p = s.parallel
+    if p.resharding == "none" and (
+        s.rollout.tensor_parallel_size != p.tensor_parallel_size or p.pipeline_parallel_size > 1
+    ):
+        yield (
+            "parallel.resharding",
+            "resharding=none needs identical training and inference layouts: set "
+            "rollout.tensor_parallel_size = parallel.tensor_parallel_size and "
+            "parallel.pipeline_parallel_size=1, or parallel.resharding=auto",
+        )
+
+
+def _rule_lengths(s: RunSpec) -> Iterator[Violation]:
+    """`actor.max_token_len_per_gpu` fits one sequence; the overlong buffer is shorter than, and
+    partial-rollout splits divide, `rollout.max_new_tokens`."""
+    seq = s.data.max_prompt_length + s.rollout.max_new_tokens
+    budget = s.actor.max_token_len_per_gpu * s.parallel.context_parallel_size
+    if s.actor.use_dynamic_bsz and budget < seq:
+        yield (
+            "actor.max_token_len_per_gpu",
+            f"a sequence can be max_prompt_length + max_new_tokens = {seq} tokens, more than "
+            f"max_token_len_per_gpu × context_parallel_size = {budget}: raise "
+            "actor.max_token_len_per_gpu",
+        )
+    buffer = s.advantage.overlong_buffer
+    if buffer.enable and buffer.len >= s.rollout.max_new_tokens:
+        yield (
+            "advantage.overlong_buffer.len",
+            f"the overlong buffer ({buffer.len}) must be shorter than rollout.max_new_tokens "
+            f"({s.rollout.max_new_tokens}): lower advantage.overlong_buffer.len",
+        )
+    split = s.rollout.partial_rollout_max_split
+    if split > 1 and s.rollout.max_new_tokens % split:
+        yield (
+            "rollout.partial_rollout_max_split",
+            f"rollout.max_new_tokens ({s.rollout.max_new_tokens}) must be divisible by "
+            f"partial_rollout_max_split ({split}): change either",
+        )
+
+
+def _rule_partial_rollout(s: RunSpec) -> Iterator[Violation]:
+    """`rollout.partial_rollout_max_age` only with partial rollout; partial rollout neither
+    with DAPO dynamic sampling nor for DPO."""
+    r = s.rollout
+    if r.partial_rollout_max_split <= 1:
+        if r.partial_rollout_max_age is not None:
+            yield ("rollout.partial_rollout_max_age", "applies only with partial rollout: set "
+                   "rollout.partial_rollout_max_split > 1 or remove it")
+        return
+    if s.advantage.dynamic_sampling.enable:
+        yield ("rollout.partial_rollout_max_split", "dynamic sampling draws whole generation "
+               "batches and keeps the groups whose rewards differ, partial rollout trains groups "
+               "as their responses finish: set advantage.dynamic_sampling.enable=false or "
+               "rollout.partial_rollout_max_split=0")
+    if s.algorithm == "dpo":
+        yield ("rollout.partial_rollout_max_split", "DPO makes its pairs from one step's "
+               "whole responses: set it to 0 (partial rollout is for grpo, dapo and ppo)")
+
+
+def _rule_reward(s: RunSpec) -> Iterator[Violation]:
+    """GRPO, DAPO and PPO need `reward.functions`."""
+    if s.algorithm != "dpo" and not s.reward.functions and s.reward.reward_model is None:
+        yield "reward.functions", f"{s.algorithm} needs a reward: add reward.functions"
+
+
+def _rule_trainer(s: RunSpec) -> Iterator[Violation]:
+    """`trainer.resume_path` goes with `resume_mode: resume_path`; `eval_every` needs validation
+    data."""
+    t = s.trainer
+    if t.resume_mode == "resume_path" and t.resume_path is None:
+        yield (
+            "trainer.resume_path",
+            "resume_mode=resume_path needs trainer.resume_path: set it or use resume_mode=auto",
+        )
+    if t.resume_mode != "resume_path" and t.resume_path is not None:
+        yield (
+            "trainer.resume_path",
+            f"resume_path is only read with resume_mode=resume_path (it is {t.resume_mode}): "
+            "set trainer.resume_mode=resume_path or remove trainer.resume_path",
+        )
+    synthetic_val = s.data.synthetic is not None and s.data.synthetic.num_val > 0
+    if t.eval_every and not (s.data.val_files or synthetic_val):
+        yield (
+            "trainer.eval_every",
+            "evaluation needs validation data: set data.val_files or trainer.eval_every=0",
+        )
+
+
+def _rule_offload(s: RunSpec) -> Iterator[Violation]:
+    """`actor.offload.*` moves training state from an accelerator to host memory: not on cpu,
+    where it already is; parameters only with fsdp2 (the plain engine's are the rollout's)."""
+    offload = s.actor.offload
+    asked = [name for name in ("param", "optimizer") if getattr(offload, name)]
+    if asked and s.resources.device_type == "cpu":
+        for name in asked:
+            yield (f"actor.offload.{name}", "on cpu the training state is in host memory "
+                   "already: offload is for npu and cuda devices; set it to false")
+        return
+    if offload.param and s.actor.strategy != "fsdp2":
+        yield ("actor.offload.param", "needs actor.strategy=fsdp2 (the plain engine's parameters "
+               "are the rollout's weights, on the device throughout); or use "
+               "actor.offload.optimizer alone")
+
+
+def _rule_rollout_engine(s: RunSpec) -> Iterator[Violation]:
+    """vLLM's settings only with `rollout.engine: vllm`; its memory share only on accelerators;
+    its length fits a prompt and a response; the IS cap only with IS on."""
+    r = s.rollout
+    defaults = RolloutConfig()
+    if r.engine != "vllm":
+        for name in ("gpu_memory_utilization", "max_model_len"):
+            if getattr(r, name) != getattr(defaults, name):
+                yield (f"rollout.{name}", "is a vLLM setting: set rollout.engine=vllm or remove it")
+    elif (s.resources.device_type == "cpu"
+          and r.gpu_memory_utilization != defaults.gpu_memory_utilization):
+        yield ("rollout.gpu_memory_utilization", "on cpu vLLM's KV cache is sized for its "
+               "longest sequences, not a fraction of memory: remove it (it applies to npu, cuda)")
+    seq = s.data.max_prompt_length + r.max_new_tokens
+    if r.max_model_len is not None and r.max_model_len < seq:
+        yield ("rollout.max_model_len", f"{r.max_model_len} is shorter than "
+               f"data.max_prompt_length + rollout.max_new_tokens = {seq}: raise it or remove it")
+    if s.actor.rollout_is == "off" and s.actor.rollout_is_cap != ActorConfig().rollout_is_cap:
+        yield ("actor.rollout_is_cap", "applies only with actor.rollout_is=token or sequence")
+
+
+_MSPROBE_PATH = re.compile(r"^[A-Za-z0-9_.:/-]+$")  # what msprobe accepts as a dump path
+
+
+def _rule_tools(s: RunSpec) -> Iterator[Violation]:
+    """Profiled and dumped steps within the run, ranks within its devices; dump folders that
+    msprobe can write to; rollout samples only where there are rollouts with rewards."""
+    total = s.trainer.total_steps
+    if s.algorithm == "dpo" and s.tools.monitor.sample_every:
+        yield ("tools.monitor.sample_every", "DPO logs no rollout samples (its pairs have no "
+               "rewards): remove it or set tools.monitor.sample_every=0")
+    if 0 < s.tools.monitor.system_metrics_interval < 0.1:
+        yield ("tools.monitor.system_metrics_interval", f"{s.tools.monitor.system_metrics_interval}"
+               " s is too often to sample the node: use 0 (off) or at least 0.1")
+    for name in ("profiling", "precision"):
+        tool = getattr(s.tools, name)
+        if not tool.enable:
+            continue
+        late = sorted(step for step in tool.steps if total and step > total)
+        if late:
+            yield (f"tools.{name}.steps", f"steps {late} come after the last step "
+                   f"(trainer.total_steps={total}): choose steps in 1..{total}")
+        beyond = sorted(rank for rank in tool.ranks if rank >= s.world_size)
+        if beyond:
+            yield (f"tools.{name}.ranks", f"ranks {beyond} do not exist: the run has "
+                   f"{s.world_size} device(s), ranks 0..{s.world_size - 1}")
+    precision = s.tools.precision
+    if precision.enable:
+        for field, path in (("trainer.output_dir", s.trainer.output_dir),
+                            ("tools.precision.output", precision.output)):
+            if not _MSPROBE_PATH.match(path):
+                yield (field, f"{path!r}: msprobe writes precision dumps only to paths of "
+                       "letters, digits and _ . : / - (no spaces): choose another folder")
+
+
+RULES: tuple[Callable[[RunSpec], Iterator[Violation]], ...] = (
+    _rule_clip_ratios,
+    _rule_data_source,
+    _rule_algorithm,
+    _rule_reference,
+    _rule_groups,
+    _rule_batch_sizes,
+    _rule_layouts,
+    _rule_lengths,
+    _rule_partial_rollout,
+    _rule_reward,
+    _rule_trainer,
+    _rule_offload,
+    _rule_rollout_engine,
+    _rule_tools,
+)
