@@ -37,7 +37,7 @@ from experiments.choices import RunState
 from experiments.models import Attempt, LogChunk, Run
 from experiments.placement import QueuedRun, place
 from experiments.services import IllegalTransition, transition
-from rl_core.paths import POLICY_ENV, check_paths
+from rl_core.admission import POLICY_ENV, check_paths
 from rl_core.tracking import STEP_LINE
 
 log = logging.getLogger("ascent.dispatch")

@@ -20,7 +20,7 @@ from experiments.starter import starter_spec
 from frontend import specform
 from frontend.views.common import run_or_404, writable_experiments
 from experiments.queries import parse_id, visible_runs
-from rl_core.memory_plan import GIB, PHASES
+from rl_core.admission import GIB, PHASES
 from rl_core.spec import PRESETS, SpecError, parse_spec_yaml, resolve_spec
 
 ALGORITHMS = {
@@ -196,12 +196,12 @@ def submit(request):
     )
     try:
         if request.POST.get("action") == "dry_run":
-            resolved = services.prepare(submission)
-            device_request = resolved.device_request()
+            prepared = services.prepare(submission)
+            device_request = prepared.spec.device_request()
             return _page(request, editor, dry_run={
                 "request": device_request, "clusters": fitting_clusters(device_request, cluster),
-                "yaml": specform.to_yaml(resolved.model_dump(mode="json"))},
-                memory=memory_preview(services.memory_verdict(resolved, cluster)))
+                "yaml": specform.to_yaml(prepared.spec.model_dump(mode="json"))},
+                memory=memory_preview(prepared.memory))
         run, created = services.submit_run(experiment, request.user, submission)
         if created and source is not None:
             Run.objects.filter(pk=run.pk).update(cloned_from=source)

@@ -282,13 +282,13 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
         serializer = s.RunValidateSerializer(data=request.data, context=self.get_serializer_context())
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
-        spec = services.prepare(services.Submission(spec=data["spec"], overrides=data["overrides"],
-                                                    cluster=data.get("cluster")))
-        device_request = spec.device_request()
-        memory = services.memory_verdict(spec, data.get("cluster"))
+        prepared = services.prepare(services.Submission(
+            spec=data["spec"], overrides=data["overrides"], cluster=data.get("cluster")))
+        device_request = prepared.spec.device_request()
+        memory = prepared.memory
         return Response({
             "valid": True,
-            "spec": spec.model_dump(mode="json"),
+            "spec": prepared.spec.model_dump(mode="json"),
             "device_request": device_request,
             "clusters": fitting_clusters(device_request, data.get("cluster")),
             "memory_plan": memory.to_dict(),

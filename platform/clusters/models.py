@@ -8,7 +8,7 @@ from django.db import models
 
 from accounts.models import slug_validator
 from clusters.choices import ClusterStatus, DeviceKind, DeviceType, NodeState, kind_of
-from rl_core.paths import PathPolicy, normalize_root, root_problem
+from rl_core.admission import PathPolicy, normalize_root, root_problem
 
 ROOT_FIELDS = ("model_roots", "data_roots", "output_roots")
 

@@ -8,7 +8,7 @@ from django.db.models import Sum
 
 from clusters.choices import DeviceKind, NodeState, kind_of
 from clusters.models import Cluster, Node
-from rl_core.paths import PathPolicy, check_paths
+from rl_core.admission import PathPolicy, check_paths
 
 
 @dataclass(frozen=True)
@@ -105,11 +105,6 @@ def node_memory(kind: str, cluster: Cluster | None = None) -> list[tuple[int, st
         "device_type", "memory_bytes", "cluster__name", "hostname")
     return [(memory, f"{name}/{host}") for model, memory, name, host in rows
             if kind_of(model) == kind]
-
-
-def path_refusals(spec_data, clusters) -> dict[str, list[dict[str, str]]]:
-    """Cluster name -> the paths of the spec (a RunSpec or its mapping) its policy refuses."""
-    return {cluster.name: check_paths(spec_data, cluster.path_policy()) for cluster in clusters}
 
 
 def clusters_allowing(spec_data, policies: list[PathPolicy]) -> frozenset[str] | None:

@@ -24,14 +24,17 @@ from django.utils import timezone
 from ascent.errors import DomainError, RequestError  # raised here; the API and UI answer them
 from clusters.choices import DeviceKind, NodeState, kind_of
 from clusters.models import Cluster, Node
-from clusters.services import node_memory, path_refusals
+from clusters.services import node_memory
 from experiments.choices import ACTIVE_STATES, TERMINAL_STATES, RunState, can_transition
 from experiments.limits import MAX_RESTARTS, PRIORITY
 from experiments.models import Experiment, Run, RunEvent, RunTag, planned_steps
-from rl_core import memory_plan as plans
-from rl_core.errors import InputError
-from rl_core.paths import check_paths
-from rl_core.rewards import registry as reward_registry
+from rl_core.admission import (
+    DEFAULT_DEVICE_MODEL,
+    Facts,
+    MemoryVerdict,
+    admit,
+    device_memory_of,
+)
 from rl_core.spec import RunSpec, SpecError, resolve_spec
 
 # How often `transition` re-reads a run whose state changed under it before giving up.
@@ -139,132 +142,29 @@ def check_cluster(spec: RunSpec, cluster: Cluster | None) -> None:
         )
 
 
-def check_host_memory(spec: RunSpec, cluster: Cluster | None) -> None:
-    """`resources.memory_gb` must fit a node the run could be placed on; where one of those nodes
-    has no memory figure in the inventory (0 bytes), or there is none, nothing is refused."""
-    wanted = spec.resources.memory_gb
-    if wanted is None:
-        return
+# Ends a refusal of trainer.output_dir: the user cannot change where the platform writes.
+_OUTPUT_NOTE = (" (the platform writes every run's output under ASCENT_RUNS_DIR: an admin must "
+                "add it to the cluster's output_roots)")
+
+
+def facts_for(spec: RunSpec, cluster: Cluster | None) -> Facts:
+    """What the inventory knows of where `spec` could go: `cluster`, or every cluster offering
+    its device kind (any cluster for cpu), with their path policies, their nodes' host memory
+    and their largest healthy device."""
     kind = spec.device_request()["device_type"]
-    nodes = node_memory(kind, cluster)
-    if not nodes or any(memory == 0 for memory, _ in nodes):
-        return
-    largest, where = max(nodes)
-    if wanted * plans.GIB > largest:
-        scope = f"of cluster {cluster.name}" if cluster else f"with {kind} devices"
-        raise SpecError.single("resources.memory_gb", (
-            f"{wanted:g} GiB per node is more than any node {scope} has (the largest, {where}, "
-            f"has {largest / plans.GIB:.1f} GiB): lower it, or set it to null to ask for none"))
-
-
-def check_rewards(spec: RunSpec) -> None:
-    """Reward functions must exist and accept their kwargs, or the run would fail at its start."""
-    errors = []
-    for i, function in enumerate(spec.reward.functions):
-        try:
-            fn = reward_registry.get_reward(function.name)
-            reward_registry.check_kwargs(function.name, fn, function.kwargs)
-        except reward_registry.UnknownRewardError as exc:
-            errors.append({"field": f"reward.functions.{i}.name", "message": str(exc)})
-        except TypeError as exc:
-            errors.append({"field": f"reward.functions.{i}.kwargs", "message": str(exc)})
-    if errors:
-        raise SpecError(errors)
-
-
-def as_launched(spec: RunSpec) -> dict:
-    """The spec's paths as the job sees them: dispatch writes the output under ASCENT_RUNS_DIR
-    (`run-<id>`) and drops `trainer.resume_path` (a restart resumes from that folder)."""
-    data = spec.model_dump(mode="json")
-    data["trainer"]["output_dir"] = str(settings.ASCENT_RUNS_DIR)
-    data["trainer"].pop("resume_path", None)
-    return data
-
-
-def _explained(errors: list[dict[str, str]]) -> list[dict[str, str]]:
-    note = (" (the platform writes every run's output under ASCENT_RUNS_DIR: an admin must add "
-            "it to the cluster's output_roots)")
-    return [{**e, "message": e["message"] + note} if e["field"] == "trainer.output_dir" else e
-            for e in errors]
-
-
-def check_path_policy(spec: RunSpec, cluster: Cluster | None) -> None:
-    """The named cluster's path policy must allow the spec; without one, at least one cluster
-    offering the device kind must (placement then only considers those)."""
-    data = as_launched(spec)
     if cluster is not None:
-        errors = check_paths(data, cluster.path_policy())
-        if errors:
-            raise SpecError(_explained(errors))
-        return
-    kind = spec.device_request()["device_type"]
-    candidates = Cluster.objects.all() if kind == DeviceKind.CPU else Cluster.objects.filter(
-        device_type=kind)
-    refusals = path_refusals(data, candidates)
-    if refusals and all(refusals.values()):
-        raise SpecError(_merged(refusals, kind))
-
-
-def _merged(refusals: dict[str, list[dict[str, str]]], kind: str) -> list[dict[str, str]]:
-    """One error per refused field, with what each cluster offering `kind` said."""
-    by_field: dict[str, list[str]] = {}
-    for errors in refusals.values():
-        for error in _explained(errors):
-            by_field.setdefault(error["field"], []).append(error["message"])
-    names = ", ".join(sorted(refusals))
-    return [{"field": field, "message": f"no cluster offering {kind} devices ({names}) allows "
-             f"this path: {'; '.join(messages)}. Change the path or ask an admin."}
-            for field, messages in by_field.items()]
-
-
-def prepare(submission: Submission) -> RunSpec:
-    """Resolve and check a submission without saving anything (the dry run)."""
-    spec = resolve_spec(submission.spec, submission.overrides)
-    check_rewards(spec)
-    check_cluster(spec, submission.cluster)
-    check_host_memory(spec, submission.cluster)
-    check_path_policy(spec, submission.cluster)
-    return spec
-
-
-@dataclass(frozen=True)
-class MemoryVerdict:
-    """The memory plan of a spec on the device it would get; `plan` is None, with `reason`,
-    when the model's shape cannot be known here (its folder is on the cluster only)."""
-
-    plan: plans.MemoryPlan | None
-    reason: str = ""
-    device_model: str | None = None  # the device model whose memory the plan compares with
-    device_cluster: str | None = None  # the cluster it is on (None: a default for the kind)
-
-    def to_dict(self) -> dict | None:
-        if self.plan is None:
-            return None
-        return {**self.plan.to_dict(), "device_model": self.device_model,
-                "device_cluster": self.device_cluster}
-
-
-class MemoryRefusal(RequestError):
-    """A submission whose memory plan does not fit the devices it could get (HTTP 400)."""
-
-    def __init__(self, verdict: MemoryVerdict):
-        self.verdict = verdict
-        super().__init__("spec", f"memory plan: {verdict.plan.message}. Change the spec, or set "
-                                 "ignore_memory_plan to submit anyway.")
-
-
-def memory_verdict(spec: RunSpec, cluster: Cluster | None) -> MemoryVerdict:
-    """The plan against the largest healthy device of the spec's kind on `cluster`, or on any
-    cluster offering that kind when none is named (the device model's memory in
-    `DEVICE_MEMORY_GB`); without one in the inventory, the kind's default model."""
-    try:
-        shape = plans.shape_of(spec)
-    except InputError as exc:
-        return MemoryVerdict(None, f"no memory plan: {exc}")
-    model, where = _largest_device(spec.device_request()["device_type"], cluster)
-    memory = plans.device_memory_of(model) if model else None
-    result = plans.plan_setup(plans.setup_of(spec), shape, memory, spec.model.path)
-    return MemoryVerdict(result, device_model=model, device_cluster=where)
+        candidates = [cluster]
+    elif kind == DeviceKind.CPU:
+        candidates = list(Cluster.objects.all())
+    else:
+        candidates = list(Cluster.objects.filter(device_type=kind))
+    model, where = _largest_device(kind, cluster)
+    return Facts(
+        policies=tuple(c.path_policy() for c in candidates),
+        cluster=cluster.name if cluster else None,
+        output_dir=str(settings.ASCENT_RUNS_DIR), output_note=_OUTPUT_NOTE,
+        nodes=tuple(node_memory(kind, cluster)), device_model=model, device_cluster=where,
+    )
 
 
 def _largest_device(kind: str, cluster: Cluster | None) -> tuple[str | None, str | None]:
@@ -278,18 +178,37 @@ def _largest_device(kind: str, cluster: Cluster | None) -> tuple[str | None, str
                                                                         "cluster__name")
     found = [(model, name) for model, name in nodes if kind_of(model) == kind]
     if found:
-        return max(found, key=lambda item: plans.device_memory_of(item[0]) or 0)
-    return plans.DEFAULT_DEVICE_MODEL.get(kind), None
+        return max(found, key=lambda item: device_memory_of(item[0]) or 0)
+    return DEFAULT_DEVICE_MODEL.get(kind), None
 
 
-def check_memory(spec: RunSpec, submission: Submission) -> None:
-    """Refuse a run whose memory plan does not fit the devices it could get, unless the
-    submission says to ignore the plan; a plan without a verdict refuses nothing."""
-    if submission.ignore_memory_plan:
-        return
-    verdict = memory_verdict(spec, submission.cluster)
-    if verdict.plan is not None and verdict.plan.fits is False:
-        raise MemoryRefusal(verdict)
+@dataclass(frozen=True)
+class Prepared:
+    """A submission resolved and admitted: the spec and its memory verdict."""
+
+    spec: RunSpec
+    memory: MemoryVerdict
+
+
+class MemoryRefusal(RequestError):
+    """A submission whose memory plan does not fit the devices it could get (HTTP 400)."""
+
+    def __init__(self, verdict: MemoryVerdict):
+        self.verdict = verdict
+        super().__init__("spec", f"memory plan: {verdict.plan.message}. Change the spec, or set "
+                                 "ignore_memory_plan to submit anyway.")
+
+
+def prepare(submission: Submission) -> Prepared:
+    """Resolve and admit a submission without saving anything (the dry run): SpecError with
+    every refusal of rl_core's admission, RequestError for a cluster of another device kind.
+    A memory plan that does not fit is only the verdict here (`submit_run` refuses it)."""
+    spec = resolve_spec(submission.spec, submission.overrides)
+    check_cluster(spec, submission.cluster)
+    admission = admit(spec, facts_for(spec, submission.cluster))
+    if admission.refusals:
+        raise SpecError(list(admission.refusals))
+    return Prepared(spec, admission.memory)
 
 
 def submit_run(experiment: Experiment, user, submission: Submission) -> tuple[Run, bool]:
@@ -303,8 +222,10 @@ def submit_run(experiment: Experiment, user, submission: Submission) -> tuple[Ru
         existing = _run_for_key(user, submission.idempotency_key, fingerprint)
         if existing is not None:
             return existing, False
-    spec = prepare(submission)
-    check_memory(spec, submission)
+    prepared = prepare(submission)
+    if prepared.memory.does_not_fit and not submission.ignore_memory_plan:
+        raise MemoryRefusal(prepared.memory)
+    spec = prepared.spec
     request = spec.device_request()
     try:
         with transaction.atomic():

@@ -11,11 +11,11 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from rl_core.models.presets import WARM_BASES
+from rl_core.admission import built_in_models
 
 STARTER_MODEL = "tiny:small-addition"
 # What the run page says of a run on a built-in model, by model.path.
-BUILT_IN_MODELS = {f"tiny:{name}": base.description for name, base in WARM_BASES.items()}
+BUILT_IN_MODELS = built_in_models()
 DEMO_NAME = "demo-grpo-tiny"  # the demo run's spec name
 DEMO_LINE = ("The demo run: GRPO teaches a 1M-parameter model two-digit addition (“12+34=” → "
              "“46”), starting from a short SFT that is right about half the time; reward and "

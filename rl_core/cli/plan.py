@@ -10,7 +10,8 @@ import json
 import sys
 
 from rl_core.errors import EXIT_INPUT, InputError
-from rl_core.memory_plan import GIB, format_table, plan, shape_of
+from rl_core.admission import Facts, memory_verdict
+from rl_core.memory_plan import GIB, format_table
 from rl_core.spec import load_spec
 
 
@@ -30,10 +31,14 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 def run_command(args: argparse.Namespace) -> int:
     try:
         spec = load_spec(args.file, args.overrides)
-        memory = None if args.device_memory_gb is None else int(args.device_memory_gb * GIB)
-        result = plan(spec, shape_of(spec), memory)
-    except InputError as exc:  # a SpecError too
+    except InputError as exc:  # a SpecError
         print(exc, file=sys.stderr)
         return EXIT_INPUT
+    memory = None if args.device_memory_gb is None else int(args.device_memory_gb * GIB)
+    verdict = memory_verdict(spec, Facts(device_memory_bytes=memory))
+    if verdict.plan is None:
+        print(verdict.reason, file=sys.stderr)
+        return EXIT_INPUT
+    result = verdict.plan
     print(json.dumps(result.to_dict(), indent=2) if args.json else format_table(result))
     return 0

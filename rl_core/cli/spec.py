@@ -1,4 +1,5 @@
-"""The `spec` commands: validate a run spec, print its JSON Schema or its Markdown reference.
+"""The `spec` commands: validate a run spec (rl_core.admission, as the platform admits runs),
+print its JSON Schema or its Markdown reference.
 
     python -m rl_core spec validate SPEC.yaml [dotted.key=value ...]
     python -m rl_core spec schema
@@ -11,6 +12,7 @@ import argparse
 import json
 import sys
 
+from rl_core.admission import Facts, admit
 from rl_core.errors import EXIT_INPUT
 from rl_core.spec import SpecError, load_spec, spec_json_schema, spec_reference_markdown
 
@@ -18,8 +20,12 @@ from rl_core.spec import SpecError, load_spec, spec_json_schema, spec_reference_
 def _spec_validate(args: argparse.Namespace) -> int:
     try:
         spec = load_spec(args.file, args.overrides)
-    except SpecError as exc:
+        refusals = admit(spec, Facts.here()).refusals
+    except (SpecError, ValueError) as exc:  # ValueError: a malformed ASCENT_PATH_POLICY
         print(exc, file=sys.stderr)
+        return EXIT_INPUT
+    if refusals:
+        print(SpecError(list(refusals)), file=sys.stderr)
         return EXIT_INPUT
     sys.stdout.write(spec.to_yaml())
     return 0
@@ -40,7 +46,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     actions = spec.add_subparsers(dest="action", required=True, metavar="ACTION")
 
     validate = actions.add_parser(
-        "validate", help="resolve a spec file and print it as YAML (exit 2 when invalid)"
+        "validate", help="resolve a spec file, check it as the platform admits runs (reward "
+        "functions, the path policy in ASCENT_PATH_POLICY if set) and print it as YAML (exit 2 "
+        "when invalid or refused)"
     )
     validate.add_argument("file", help="YAML run spec")
     validate.add_argument(

@@ -133,3 +133,69 @@ def test_the_project_package_imports_no_app():
     assert offending(ROOT / "platform" / "ascent", apps) == [], (
         "ascent/ (settings, shared errors and validators) is below every app; urls.py names the "
         "apps' URL modules as text (include('api.urls'))")
+
+
+# --- rl_core's surface ------------------------------------------------------------------------
+
+# What the service (platform/, frontend/, workers/) may import of rl_core, by module: None for
+# any public name, else the names. Everything else in rl_core is the trainer's business.
+RL_CORE_SURFACE: dict[str, frozenset[str] | None] = {
+    "rl_core.spec": None,  # the run spec: its model, resolution, errors, schema and reference
+    "rl_core.admission": None,  # admission of a spec: rewards, paths, host memory, memory plan
+    "rl_core.tracking": frozenset({"STEP_LINE"}),  # the metric line a job prints
+    "rl_core.precision": frozenset({"compare"}),  # the comparison of two runs' tensor dumps
+}
+
+
+def rl_core_imports(folder: Path) -> list[tuple[str, str, str]]:
+    """(where, module, name) of each import of rl_core under `folder`; name is "" for
+    `import rl_core.x`."""
+    found = []
+    for path in modules(folder):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            where = f"{path.relative_to(folder.parent)}:{node.lineno}" if hasattr(
+                node, "lineno") else ""
+            if isinstance(node, ast.Import):
+                found += [(where, alias.name, "") for alias in node.names
+                          if alias.name.split(".")[0] == "rl_core"]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and (
+                    node.module.split(".")[0] == "rl_core"):
+                found += [(where, node.module, alias.name) for alias in node.names]
+    return found
+
+
+def off_surface(folder: Path) -> list[str]:
+    """'api/x.py:3 imports rl_core.paths.check_paths' for each import outside RL_CORE_SURFACE."""
+    bad = []
+    for where, module, name in rl_core_imports(folder):
+        if module == "rl_core" and name:  # from rl_core import spec
+            module, name = f"rl_core.{name}", ""
+        allowed = RL_CORE_SURFACE.get(module, frozenset())
+        if module not in RL_CORE_SURFACE or (allowed is not None and name not in allowed):
+            bad.append(f"{where} imports {module}{'.' + name if name else ''}")
+    return bad
+
+
+def test_it_finds_every_import_of_rl_core_outside_its_surface(tmp_path):
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "views.py").write_text(
+        "from rl_core.spec import RunSpec\nfrom rl_core.paths import check_paths\n"
+        "import rl_core.memory_plan\nfrom rl_core.tracking import STEP_LINE, log_metrics\n"
+        "def f():\n    from rl_core.precision import compare\n    from rl_core import errors\n")
+
+    assert off_surface(tmp_path / "app") == [
+        "app/views.py:2 imports rl_core.paths.check_paths",
+        "app/views.py:3 imports rl_core.memory_plan",
+        "app/views.py:4 imports rl_core.tracking.log_metrics",
+        "app/views.py:7 imports rl_core.errors",
+    ]
+
+
+@pytest.mark.parametrize("folder", ["platform", "frontend", "workers"])
+def test_the_service_imports_only_rl_cores_public_surface(folder):
+    assert rl_core_imports(ROOT / folder), f"no import of rl_core found under {folder}/"
+
+    assert off_surface(ROOT / folder) == [], (
+        "the service imports rl_core only through its public surface (RL_CORE_SURFACE): the "
+        "spec, admission (rl_core/admission.py), the metric line and precision's compare; add "
+        "what it needs to rl_core.admission rather than reaching into the trainer's modules")

@@ -82,6 +82,18 @@ def test_unpinned_it_plans_on_the_largest_device_of_any_cluster_of_the_kind(clie
     assert plan["fits"] is True
 
 
+def test_vllms_cache_is_what_it_takes_of_the_device_it_would_get(clients):
+    gpu_cluster("gpu-h100", "nvidia-h100")
+    spec = big_spec(device_type="gpu")
+    spec["rollout"]["engine"] = "vllm"
+    plan = validate(clients["viewer"], spec).json()["memory_plan"]
+    cache = {c["name"]: c["bytes"] for c in plan["components"]}["vLLM KV cache"]
+    weights = {c["name"]: c["bytes"] for c in plan["components"]}["vLLM weights"]
+    # rollout.gpu_memory_utilization (0.5) of the H100's 80 GiB, less vLLM's own weights: the
+    # same figure `python -m rl_core plan --device-memory-gb 80` prints
+    assert cache == int(0.5 * 80 * GIB) - weights
+
+
 def test_without_registered_devices_an_npu_counts_as_a_910b(clients):
     plan = validate(clients["viewer"], big_spec()).json()["memory_plan"]
     assert plan["device_model"] == "ascend-910b" and plan["device_cluster"] is None
