@@ -14,10 +14,13 @@ memory; "GB" in the device tables below means the same.
 What each engine keeps (P parameters, D = `spec.data_parallel_size` devices, b the bytes of
 `model.dtype`):
 
-- `actor.strategy: torch` keeps the parameters in `model.dtype` (P·b), gradients in the same
-  dtype during the update (P·b) and AdamW's two moments in the parameter dtype too (2·P·b:
-  `torch.optim.AdamW` allocates them like the parameter). There is no float32 master copy. With
-  more than one rank the gradients are summed through one flattened copy (P·b) before the step.
+- `actor.strategy: torch` keeps the parameters in `model.dtype` (P·b). In float32, or in
+  bfloat16 with `actor.master_weights: false`, gradients are in that dtype during the update
+  (P·b) and AdamW's two moments too (2·P·b: `torch.optim.AdamW` allocates them like the
+  parameter). In bfloat16 with master weights (the default) a float32 master copy (4·P) lives
+  from load on, the gradients accumulate into float32 ones (4·P; each bfloat16 gradient is freed
+  as soon as it is added) and the moments are float32 (8·P). With more than one rank the
+  gradients are summed through one flattened copy (of the gradients' dtype) before the step.
 - `actor.strategy: fsdp2` keeps float32 master parameters, float32 gradients and two float32
   moments, each sharded over the D ranks (4·P/D, 4·P/D, 8·P/D), and computes in `model.dtype`:
   the layer being run and the next one are gathered in full (2 layers·b), the root (embeddings,
@@ -407,6 +410,7 @@ class Setup:
     gpu_memory_utilization: float = 0.5
     max_model_len: int = 0
     device_memory_bytes: int | None = None
+    master_weights: bool = True  # actor.master_weights: float32 masters below float32
 
     @property
     def dtype_bytes(self) -> int:
@@ -437,6 +441,7 @@ def setup_of(spec: RunSpec) -> Setup:
         rollout_engine=spec.rollout.engine,
         gpu_memory_utilization=spec.rollout.gpu_memory_utilization,
         max_model_len=vllm_max_model_len(spec),
+        master_weights=spec.actor.master_weights,
     )
 
 
@@ -625,14 +630,22 @@ def _train_state(role: str, params: int, root: int, layer: int, s: Setup,
 def _torch_state(role: str, params: int, s: Setup, offload_optimizer: bool) -> list[Component]:
     b, dtype = s.dtype_bytes, s.dtype
     moments = (TRAINED, False) if not offload_optimizer else (("step",), True)
-    parts = [
-        Component(f"{role} parameters", params * b, PHASES, f"{dtype}, a full copy per device"),
-        Component(f"{role} gradients", params * b, ("backward", "step"), dtype),
-        Component(f"{role} AdamW moments", 2 * params * b, moments[0],
-                  f"exp_avg, exp_avg_sq in {dtype} (no float32 master copy)", moments[1]),
+    masters = s.master_weights and dtype != "float32"
+    g, state = (4, "float32") if masters else (b, dtype)  # what AdamW steps, and its grads
+    parts = [Component(f"{role} parameters", params * b, PHASES,
+                       f"{dtype}, a full copy per device")]
+    if masters:
+        parts.append(Component(f"{role} master weights", params * 4, PHASES,
+                               "float32 copies AdamW steps; the parameters are set from them"))
+    parts += [
+        Component(f"{role} gradients", params * g, ("backward", "step"), state),
+        Component(f"{role} AdamW moments", 2 * params * g, moments[0],
+                  f"exp_avg, exp_avg_sq in {state}"
+                  + ("" if masters or dtype == "float32" else " (no float32 master copy)"),
+                  moments[1]),
     ]
     if s.devices > 1:
-        parts.append(Component(f"{role} gradient all-reduce", params * b, ("step",),
+        parts.append(Component(f"{role} gradient all-reduce", params * g, ("step",),
                                "the flattened gradients summed over the ranks"))
     return parts
 

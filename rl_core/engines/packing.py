@@ -15,13 +15,18 @@ Attention must then stay inside each row; how depends on the model's attention i
 (`config._attn_implementation`, `PACKED_ATTENTION`):
 
 - `sdpa` (transformers' default): `prepare_packing` switches the model to `sdpa_varlen`,
-  registered here: with boundaries it runs `scaled_dot_product_attention` causally on each row's
-  slice of the packed queries, keys and values, the rows of one length batched into one call
-  (the CPU's flash kernel; each row costs its own length squared, not N²); without them
-  (generation, any unpacked call) it is transformers' sdpa itself, so the model behaves as
-  before everywhere else. A block-diagonal mask over the
-  whole sequence would also be exact, but sdpa with an arbitrary mask materialises N² scores
-  per head.
+  registered here. With boundaries it computes each layer's attention over the whole packed
+  sequence in one variable-length kernel call where the device has one (`packed_kernel`):
+  PyTorch's `varlen_attn` on CUDA (torch >= 2.10), else flash-attn's `flash_attn_varlen_func`
+  where installed, both for bfloat16 and float16; `torch_npu.npu_fusion_attention` in its TND
+  layout on Ascend. Elsewhere (the CPU, float32 on CUDA) it runs `scaled_dot_product_attention`
+  causally on each row's slice, the rows of one length batched into one call (each row costs
+  its own length squared, not N²). Without boundaries (generation, any unpacked call) it is
+  transformers' sdpa itself, so the model behaves as before everywhere else. A block-diagonal
+  mask over the whole sequence would also be exact, but sdpa with an arbitrary mask
+  materialises N² scores per head. One kernel call per layer matters on an accelerator: a call
+  per distinct row length costs milliseconds of host time each (a new kernel plan per shape),
+  which made packed updates 20-30x slower than padded ones on an H200.
 - `flash_attention_2` / `flash_attention_3` (flash-attn on CUDA; transformers routes the same
   names to `torch_npu.npu_fusion_attention` on Ascend): the variable-length kernel reads the
   same boundaries.
@@ -39,6 +44,10 @@ a (K,) result back to the (b, R) response layout, 0 in the response's padding.
 
 from __future__ import annotations
 
+import functools
+import importlib.util
+import inspect
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,26 +67,53 @@ PACKED_ATTENTION = {
 }
 
 
+# The boundaries of a packed sequence's rows as a host list, beside `cu_seq_lens_q`: what the
+# row groups and Ascend's kernel read, without a device-to-host copy in every layer.
+HOST_BOUNDS = "rl_core_cu_seq_lens"
+
+
 def varlen_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
                 value: torch.Tensor, attention_mask: torch.Tensor | None, *,
                 cu_seq_lens_q: torch.Tensor | None = None, **kwargs: Any
                 ) -> tuple[torch.Tensor, None]:
-    """transformers' sdpa, row by row over a packed sequence when `cu_seq_lens_q` is given.
+    """transformers' sdpa, confined to each row of a packed sequence when `cu_seq_lens_q` is
+    given: one variable-length kernel call where the device has one (`packed_kernel`), else
+    the rows grouped by length (`row_group_attention`).
 
-    query (1, H, N, D), key and value (1, Hkv, N, D) -> (1, N, H, D), as sdpa returns. Rows of
-    one length go through one causal sdpa call as a batch, so a micro-batch of many short rows
-    costs one call per distinct length, not one per row. The tokens are put in that grouped
-    order by one gather per input and back by one gather of the output, whatever the number
-    of lengths (a scatter per length would copy the whole output each time).
+    query (1, H, N, D), key and value (1, Hkv, N, D) -> (1, N, H, D), as sdpa returns.
     """
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    for name in ("cu_seq_lens_k", "max_length_q", "max_length_k"):
+    max_length = kwargs.pop("max_length_q", None)
+    bounds = kwargs.pop(HOST_BOUNDS, None)
+    for name in ("cu_seq_lens_k", "max_length_k"):
         kwargs.pop(name, None)
     if cu_seq_lens_q is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    bounds = bounds if bounds is not None else cu_seq_lens_q.tolist()
+    kernel = packed_kernel(query.device.type, query.dtype)
+    if kernel is not None:
+        max_length = max_length or max(b - a for a, b in zip(bounds, bounds[1:]))
+        out = kernel(query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1),
+                     cu_seq_lens_q, bounds, max_length, kwargs.get("scaling"))  # (N, H, D)
+        return out[None], None
+    return row_group_attention(module, query, key, value, bounds, **kwargs), None
+
+
+def row_group_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+                        value: torch.Tensor, bounds: list[int], **kwargs: Any) -> torch.Tensor:
+    """Causal sdpa on each row of a packed sequence (row boundaries `bounds`, b + 1 host ints),
+    the rows of one length batched into one call: a micro-batch of many short rows costs one
+    call per distinct length, not one per row. The tokens are put in that grouped order by one
+    gather per input and back by one gather of the output, whatever the number of lengths (a
+    scatter per length would copy the whole output each time).
+
+    query (1, H, N, D), key and value (1, Hkv, N, D) -> (1, N, H, D).
+    """
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
     kwargs["is_causal"] = True
-    groups, order = _length_groups(cu_seq_lens_q)
+    groups, order = _length_groups(bounds)
     order = order.to(query.device)
     query, key, value = (x[0].index_select(1, order) for x in (query, key, value))  # (h, N, D)
     pieces, offset = [], 0
@@ -93,19 +129,117 @@ def varlen_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
         pieces.append(attended.flatten(0, 1))
     inverse = torch.empty_like(order)
     inverse[order] = torch.arange(len(order), device=order.device)
-    return torch.cat(pieces).index_select(0, inverse)[None], None  # (1, N, H, D)
+    return torch.cat(pieces).index_select(0, inverse)[None]  # (1, N, H, D)
 
 
-def _length_groups(cu_seq_lens: torch.Tensor) -> tuple[list[tuple[int, int]], torch.Tensor]:
-    """(length, rows) of each group of equal-length rows of a packed sequence, and the token
-    positions (N,) in that grouped order (each group's rows in sequence order)."""
-    bounds = cu_seq_lens.tolist()
+def _length_groups(bounds: list[int]) -> tuple[list[tuple[int, int]], torch.Tensor]:
+    """(length, rows) of each group of equal-length rows of a packed sequence (row boundaries
+    `bounds`), and the token positions (N,) in that grouped order (each group's rows in
+    sequence order)."""
     starts: dict[int, list[int]] = {}
     for a, b in zip(bounds, bounds[1:]):
         starts.setdefault(b - a, []).append(a)
     order = torch.cat([(torch.tensor(firsts)[:, None] + torch.arange(length)).flatten()
                        for length, firsts in starts.items()])
     return [(length, len(firsts)) for length, firsts in starts.items()], order
+
+
+# --------------------------------------------------------------------------- one-call kernels
+# Each takes q (N, H, D), k and v (N, Hkv, D), the boundaries on the device (b + 1,) int32 and
+# on the host, the longest row and the softmax scale (None: 1/sqrt(D)); returns (N, H, D).
+PackedKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, list[int], int,
+                         float | None], torch.Tensor]
+HALF_DTYPES = (torch.bfloat16, torch.float16)  # what the flash kernels compute in
+
+
+def packed_kernel(device_type: str, dtype: torch.dtype) -> PackedKernel | None:
+    """The one-call variable-length attention for tensors of `dtype` on `device_type`, or None
+    (then the rows are grouped by length). The choice: `kernel_name`."""
+    return KERNELS.get(kernel_name(device_type, dtype, _installed()))
+
+
+def kernel_name(device_type: str, dtype: torch.dtype, installed: frozenset[str]) -> str:
+    """Which kernel packed attention uses, given what is installed ("varlen_attn": torch's,
+    "flash_attn", "torch_npu"): "varlen_attn", "flash_attn", "npu_fusion_attention" or
+    "row_groups"."""
+    if device_type == "cuda" and dtype in HALF_DTYPES:
+        for name in ("varlen_attn", "flash_attn"):
+            if name in installed:
+                return name
+    if device_type == "npu" and dtype in HALF_DTYPES and "torch_npu" in installed:
+        return "npu_fusion_attention"
+    return "row_groups"
+
+
+@functools.cache
+def _installed() -> frozenset[str]:
+    """The variable-length kernels this process can import (checked once)."""
+    found = {name for name in ("flash_attn", "torch_npu")
+             if importlib.util.find_spec(name) is not None}
+    if importlib.util.find_spec("torch.nn.attention.varlen") is not None:
+        found.add("varlen_attn")
+    return frozenset(found)
+
+
+def _repeat_kv(q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+    """kv (N, Hkv, D) repeated to q's H heads (grouped-query attention), as transformers does."""
+    groups = q.shape[1] // kv.shape[1]
+    return kv if groups == 1 else kv.repeat_interleave(groups, dim=1)
+
+
+def _torch_varlen(q, k, v, cu, bounds, longest, scale):
+    """PyTorch's `varlen_attn` (flash attention on CUDA), causal. Its causal switch changed
+    name between releases (`is_causal` in 2.10-2.11, `window_size=(-1, 0)` since), as did its
+    grouped-query support (`enable_gqa`); both are read from its signature."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    options = _varlen_options(tuple(inspect.signature(varlen_attn).parameters))
+    if "enable_gqa" not in options:
+        k, v = _repeat_kv(q, k), _repeat_kv(q, v)
+    return varlen_attn(q, k, v, cu, cu, longest, longest, scale=scale, **options)
+
+
+@functools.cache
+def _varlen_options(parameters: tuple[str, ...]) -> dict[str, Any]:
+    options: dict[str, Any] = {"is_causal": True} if "is_causal" in parameters else {
+        "window_size": (-1, 0)}
+    if "enable_gqa" in parameters:
+        options["enable_gqa"] = True
+    return options
+
+
+def _flash_attn(q, k, v, cu, bounds, longest, scale):
+    """flash-attn's `flash_attn_varlen_func`, causal (grouped-query attention built in)."""
+    from flash_attn import flash_attn_varlen_func
+
+    return flash_attn_varlen_func(q, k, v, cu, cu, longest, longest, softmax_scale=scale,
+                                  causal=True)
+
+
+@functools.cache
+def _npu_causal_mask(device: torch.device) -> torch.Tensor:
+    """The 2048 x 2048 upper-triangular mask `npu_fusion_attention` takes with sparse_mode 3
+    (causal, whatever the rows' lengths)."""
+    return torch.triu(torch.ones(2048, 2048, dtype=torch.bool, device=device), diagonal=1)
+
+
+def _npu_fusion_attention(q, k, v, cu, bounds, longest, scale):
+    """Ascend's fused attention in the TND layout, rows given by their cumulative ends on the
+    host (grouped-query attention built in), causal by sparse_mode 3."""
+    import torch_npu
+
+    ends = tuple(bounds[1:])
+    return torch_npu.npu_fusion_attention(
+        q, k, v, q.shape[1], "TND", atten_mask=_npu_causal_mask(q.device), sparse_mode=3,
+        scale=scale if scale is not None else q.shape[-1] ** -0.5, keep_prob=1.0,
+        actual_seq_qlen=ends, actual_seq_kvlen=ends)[0]
+
+
+KERNELS: dict[str, PackedKernel] = {
+    "varlen_attn": _torch_varlen,
+    "flash_attn": _flash_attn,
+    "npu_fusion_attention": _npu_fusion_attention,
+}
 
 
 def _register_varlen_sdpa() -> None:
@@ -203,9 +337,12 @@ def pack(
     packed_ids = input_ids[valid]  # (N,)
     lengths = valid.sum(1)  # (b,)
     cu = F.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
-    longest = int(lengths.max())
+    host = cu.tolist()  # the one device-to-host copy of the boundaries for every layer
+    longest = max(b - a for a, b in zip(host, host[1:]))
     bounds = {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest,
               "max_length_k": longest}
+    if attention in ("sdpa", VARLEN_SDPA):
+        bounds[HOST_BOUNDS] = host
     mask = None
     if PACKED_ATTENTION[attention] == "additive-mask":
         rows = torch.arange(b, device=valid.device)[:, None].expand(b, width)[valid]  # (N,)

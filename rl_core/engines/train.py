@@ -38,10 +38,15 @@ computed at all, and log-probs, entropy and values come back in the padded (b, R
 the response's padding. Results equal the padded path's up to floating-point rounding.
 
 Dtypes. `param_dtype` float32 trains in float32. bfloat16 casts the parameters (not buffers
-such as rotary frequencies) to bfloat16 and AdamW updates them in bfloat16: there are no
-float32 master weights, so an update below a weight's bfloat16 resolution (about 0.4% of it) is
-lost; fine for smoke runs and tests, prefer float32 on CPU (it is as fast there). float16
-needs loss scaling and is refused.
+such as rotary frequencies) to bfloat16, the dtype every forward and backward computes in, and
+(`master_weights`, the default) keeps float32 master copies of them: each parameter's bfloat16
+gradient is added into its master's float32 gradient as soon as backward has made it (a
+post-accumulate hook, so micro-batches accumulate in float32 and the bfloat16 gradient is freed
+at once), AdamW steps the masters with float32 moments, and the model's parameters are set from
+them after each step (the model a rollout engine shares stays bfloat16). Without master
+weights AdamW updates the bfloat16 parameters themselves, so an update below a weight's
+bfloat16 resolution (about 0.4% of it) is lost: half the optimizer memory, for smoke runs.
+float16 needs loss scaling and is refused.
 
 Optimizer: AdamW (the fused kernel where the device supports it, else foreach) with weight decay
 on every parameter (as verl), a learning rate `lr * lr_factor(step)` set before each step
@@ -59,6 +64,7 @@ to one rank stepping on the whole mini-batch.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -68,6 +74,7 @@ import torch
 import torch.nn.functional as F
 
 from rl_core.algos.entropy import log_probs_from_logits
+from rl_core.collectives import all_reduce, reduce_numbers
 from rl_core.engines.balance import token_micro_batches
 from rl_core.engines.base import LossFn, WeightBucket
 from rl_core.engines.packing import Packed, attention_of, pack, prepare_packing
@@ -268,6 +275,7 @@ class TrainEngine:
         head: Callable[..., tuple[torch.Tensor, torch.Tensor | None]] | None = None,
         sharded: bool = False,
         offload_optimizer: bool = False,
+        master_weights: bool = True,
     ) -> None:
         """`micro_batch_size` (rows), `max_token_len` (valid tokens per micro-batch: dynamic
         batch size, which then overrides every row count) and `loss_agg_mode` are defaults for
@@ -279,7 +287,9 @@ class TrainEngine:
         engine's own metrics (`actor/`, or `critic/` for a value model). `sharded`: the model's
         parameters are DTensors sharded by FSDP2 over `dp_group`, which reduces the gradients
         itself (see `rl_core.engines.fsdp`). `offload_optimizer`: AdamW's moments wait in host
-        memory and come to the device for each optimizer step only (nothing moves on cpu)."""
+        memory and come to the device for each optimizer step only (nothing moves on cpu).
+        `master_weights`: with a `param_dtype` below float32, step float32 master copies (see
+        the module docstring); a sharded model's parameters are float32 already."""
         if param_dtype not in PARAM_DTYPES:
             raise ValueError(
                 f"param_dtype {param_dtype!r} is not supported; use float32 or bfloat16 "
@@ -305,8 +315,11 @@ class TrainEngine:
         self.sharded = sharded
         self.offload_optimizer = offload_optimizer
         self.params = [p for p in self.model.parameters() if p.requires_grad]
+        wants_masters = master_weights and not sharded and self.dtype != torch.float32
+        self.masters = _master_copies(self.params) if wants_masters else []
+        self.stepped = self.masters or self.params  # what AdamW steps, and whose grads it reads
         # a frozen model (every parameter without gradients) gets no optimizer: forward only
-        self.optimizer = _adamw(self.params, lr, betas, weight_decay, self.device,
+        self.optimizer = _adamw(self.stepped, lr, betas, weight_decay, self.device,
                                 fused=not sharded) if self.params else None
         self.step = 0  # optimizer steps taken
 
@@ -425,14 +438,13 @@ class TrainEngine:
         if not slices:
             raise ValueError("a sharded engine needs at least one row on every rank: make the "
                              "batch sizes divisible by the number of devices")
-        count = torch.tensor([len(slices)])
-        dist.all_reduce(count, op=dist.ReduceOp.MAX, group=self.dp_group)
+        [count] = reduce_numbers([len(slices)], self.dp_group, dist.ReduceOp.MAX, self.device)
         out: list[list[int] | None] = list(slices)
-        while len(out) < int(count):
+        while len(out) < count:
             widest = max(range(len(out)), key=lambda i: len(out[i]))
             rows = out[widest]
             if len(rows) < 2:
-                out += [None] * (int(count) - len(out))
+                out += [None] * (count - len(out))
                 break
             middle = len(rows) // 2
             out[widest:widest + 1] = [rows[:middle], rows[middle:]]
@@ -509,14 +521,10 @@ class TrainEngine:
 
     def _rank_share(self, response_mask: torch.Tensor, mode: str) -> tuple[float, float]:
         """This rank's part of the whole mini-batch's normaliser: (loss, metric) scales."""
-        import torch.distributed as dist
-
         count = MICRO_SHARES[mode]
-        rows = float(response_mask.shape[0])
-        local = float(count(response_mask)) if count is not None else rows
-        sizes = torch.tensor([local, rows], dtype=torch.float64)
-        dist.all_reduce(sizes, group=self.dp_group)
-        total, total_rows = sizes.tolist()
+        rows = response_mask.shape[0]
+        local = int(count(response_mask)) if count is not None else rows  # counts of a 0/1 mask
+        total, total_rows = reduce_numbers([local, rows], self.dp_group, device=self.device)
         by_rows = rows / total_rows if total_rows else 0.0
         if count is None:  # `sum`: the ranks' losses add up; metrics are averaged by rows
             return 1.0, by_rows
@@ -528,25 +536,21 @@ class TrainEngine:
         self, loss: torch.Tensor, totals: dict[str, torch.Tensor]
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Sum gradients (unless FSDP2 did), loss and metrics over the data-parallel ranks."""
-        import torch.distributed as dist
-
         if not self.sharded:
             self._all_reduce_gradients()
         names = list(totals)
         values = torch.stack([loss.float(), *(totals[n].float() for n in names)])
-        dist.all_reduce(values, group=self.dp_group)
+        values = all_reduce(values, self.dp_group)
         return values[0], dict(zip(names, values[1:]))
 
     def _all_reduce_gradients(self) -> None:
         """One flattened all-reduce (sum) of every rank's full gradients."""
-        import torch.distributed as dist
-
-        for param in self.params:
+        for param in self.stepped:
             if param.grad is None:  # a parameter no rank's loss reached still takes part
                 param.grad = torch.zeros_like(param)
-        grads = [p.grad for p in self.params]
+        grads = [p.grad for p in self.stepped]
         flat = torch._utils._flatten_dense_tensors(grads)
-        dist.all_reduce(flat, group=self.dp_group)
+        flat = all_reduce(flat, self.dp_group)
         for grad, summed in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
             grad.copy_(summed)
 
@@ -573,6 +577,9 @@ class TrainEngine:
             self._move_optimizer(self.device)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.masters:  # the model computes in a copy of the stepped float32 masters
+            with torch.no_grad():
+                torch._foreach_copy_(self.params, self.masters)
         if self.offload_optimizer:
             self._move_optimizer(torch.device("cpu"))
         self.step += 1
@@ -581,12 +588,12 @@ class TrainEngine:
 
     def _clip_grad_norm(self) -> torch.Tensor:
         """The global gradient norm before clipping; grads clipped to `grad_clip` unless 0."""
-        grads = [p.grad for p in self.params if p.grad is not None]
+        grads = [p.grad for p in self.stepped if p.grad is not None]
         if not grads:
             return torch.zeros((), device=self.device)
         norm = torch.nn.utils.get_total_norm(grads, foreach=True)
         if self.grad_clip > 0:  # a non-finite norm spoils the grads, but then nothing steps
-            torch.nn.utils.clip_grads_with_norm_(self.params, self.grad_clip, norm, foreach=True)
+            torch.nn.utils.clip_grads_with_norm_(self.stepped, self.grad_clip, norm, foreach=True)
         return norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # sharded: a DTensor
 
     # ----------------------------------------------------------------------- weights, memory
@@ -622,6 +629,8 @@ class TrainEngine:
         if device.type == "cpu" and self.device.type == "cpu":
             return
         self.model.to(device)
+        for master in self.masters:
+            master.data = master.data.to(device, non_blocking=device.type != "cpu")
         self._move_optimizer(device)
 
     def _move_optimizer(self, device: torch.device) -> None:
@@ -637,11 +646,14 @@ class TrainEngine:
     # ----------------------------------------------------------------------- checkpoint
 
     def state_dict(self) -> dict[str, Any]:
-        """Optimizer state, schedule and step count (the weights are the model's own state).
+        """Optimizer state, schedule, step count and the float32 master weights, if any (the
+        weights the model computes with are its own state).
 
         Tensors are shared with the live optimizer: `torch.save` or deep-copy to keep them.
         """
+        masters = {"master_weights": [m.detach() for m in self.masters]} if self.masters else {}
         return {
+            **masters,
             "optimizer": self.optimizer.state_dict(),
             "scheduler": {
                 "lr": self.lr,
@@ -654,7 +666,12 @@ class TrainEngine:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore `state_dict()` output; the lr then follows this engine's schedule from the
-        restored step (a resumed run may change the schedule)."""
+        restored step (a resumed run may change the schedule). Master weights saved by an engine
+        that had them are restored; otherwise they start from the model's weights."""
+        if self.masters and "master_weights" in state:
+            with torch.no_grad():
+                torch._foreach_copy_(self.masters, [t.to(self.device)
+                                                    for t in state["master_weights"]])
         self.optimizer.load_state_dict(state["optimizer"])
         self.step = int(state["step"])
 
@@ -674,6 +691,7 @@ def engine_options(actor: ActorConfig, total_steps: int) -> dict[str, Any]:
         "micro_batch_size": actor.ppo_micro_batch_size,
         "loss_agg_mode": actor.loss_agg_mode,
         "offload_optimizer": actor.offload.optimizer,
+        "master_weights": actor.master_weights,
         **batch_options(actor),
     }
 
@@ -734,6 +752,26 @@ def _cast_parameters(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Mod
             if param.is_floating_point() and param.dtype != dtype:
                 param.data = param.data.to(dtype)
     return model
+
+
+def _master_copies(params: list[torch.nn.Parameter]) -> list[torch.nn.Parameter]:
+    """A float32 master copy of each parameter, on its device; each parameter's gradient goes
+    into its master's as soon as backward has accumulated it (and is then freed)."""
+    masters = []
+    for param in params:
+        master = torch.nn.Parameter(param.detach().float().clone())
+        param.register_post_accumulate_grad_hook(functools.partial(_into_master, master))
+        masters.append(master)
+    return masters
+
+
+def _into_master(master: torch.nn.Parameter, param: torch.nn.Parameter) -> None:
+    """Add `param`'s low-precision gradient into `master`'s float32 one; free it."""
+    if master.grad is None:
+        master.grad = param.grad.float()
+    else:
+        master.grad.add_(param.grad)
+    param.grad = None
 
 
 def _adamw(

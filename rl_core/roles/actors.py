@@ -524,7 +524,8 @@ class CriticWorker(TrainedRole):
             "head": ValueHead(), "lr": critic.lr, "weight_decay": spec.actor.weight_decay,
             "warmup_steps": critic.warmup_steps, "lr_scheduler": "constant",
             "total_steps": total_steps, "grad_clip": spec.actor.grad_clip,
-            "param_dtype": spec.model.dtype, "micro_batch_size": critic.ppo_micro_batch_size,
+            "param_dtype": spec.model.dtype, "master_weights": spec.actor.master_weights,
+            "micro_batch_size": critic.ppo_micro_batch_size,
             "loss_agg_mode": "token-mean", "metric_prefix": "critic/", **batch_options(spec.actor)}
         self.model = model
         self.start_engine(spec)

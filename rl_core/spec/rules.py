@@ -368,6 +368,14 @@ def _rule_offload(s: RunSpec) -> Iterator[Violation]:
                "actor.offload.optimizer alone")
 
 
+def _rule_master_weights(s: RunSpec) -> Iterator[Violation]:
+    """Pure bfloat16 (no float32 masters) is the plain engine's choice; fsdp2 has masters."""
+    if not s.actor.master_weights and s.actor.strategy == "fsdp2":
+        yield ("actor.master_weights", "fsdp2 always keeps float32 master weights (its shards "
+               "are float32, computing in model.dtype): set it to true, or use "
+               "actor.strategy=torch for pure bfloat16")
+
+
 def _rule_rollout_engine(s: RunSpec) -> Iterator[Violation]:
     """vLLM's settings only with `rollout.engine: vllm`; its memory share only on accelerators;
     its length fits a prompt and a response; the IS cap only with IS on."""
@@ -436,6 +444,7 @@ RULES: tuple[Callable[[RunSpec], Iterator[Violation]], ...] = (
     _rule_reward,
     _rule_trainer,
     _rule_offload,
+    _rule_master_weights,
     _rule_rollout_engine,
     _rule_tools,
 )

@@ -222,6 +222,15 @@ class ActorConfig(Strict):
         "way and the reference without optimizer state; checkpoints are sharded with "
         "torch.distributed.checkpoint).",
     )
+    master_weights: bool = Field(
+        True,
+        description="With `model.dtype: bfloat16` and `actor.strategy: torch` (the actor and the "
+        "critic): AdamW steps float32 master weights with float32 moments, gradients accumulate "
+        "in float32, and the model computes in a bfloat16 copy set after every step. false: pure "
+        "bfloat16, AdamW updates the bfloat16 weights themselves (half the optimizer memory; an "
+        "update below a weight's bfloat16 resolution, about 0.4 % of it, is lost). fsdp2 always "
+        "keeps float32 masters; with float32 the weights are their own masters.",
+    )
     lr: float = Field(1e-5, gt=0, le=1, description="Learning rate.")
     weight_decay: float = Field(0.01, ge=0, le=1, description="AdamW weight decay.")
     warmup_steps: int = Field(

@@ -166,3 +166,24 @@ def test_only_the_command_line_parses_arguments():
             if "argparse" in names:
                 parsing.append(f"{name} (line {node.lineno})")
     assert not parsing, f"argparse outside rl_core.cli: {parsing}; move the command there"
+
+
+COLLECTIVES = {"all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce",
+               "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
+               "gather", "scatter", "send", "recv", "isend", "irecv"}
+
+
+def test_every_collective_goes_through_rl_core_collectives():
+    """NCCL and HCCL take device tensors only and HCCL has no float64: rl_core.collectives puts
+    each tensor where its group's backend takes it, so no other module calls torch.distributed's
+    collectives itself (`dist.all_reduce(...)`)."""
+    direct = []
+    for name, path in MODULES.items():
+        if name == "rl_core.collectives":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in COLLECTIVES and isinstance(node.func.value, ast.Name)
+                    and node.func.value.id in ("dist", "distributed")):
+                direct.append(f"{name} (line {node.lineno}): dist.{node.func.attr}")
+    assert not direct, f"collectives outside rl_core.collectives: {direct}; use its helpers"

@@ -144,15 +144,32 @@ def test_a_mixture_of_experts_config_is_refused():
 # --------------------------------------------------------------------------- components
 
 
-def test_torch_strategy_keeps_everything_in_the_model_dtype_on_every_rank():
+def test_pure_bfloat16_keeps_everything_in_the_model_dtype_on_every_rank():
     spec = small_spec(model={"dtype": "bfloat16"}, resources={"devices_per_node": 2},
-                      data={"synthetic": {"task": "addition"}, "train_batch_size": 4})
+                      data={"synthetic": {"task": "addition"}, "train_batch_size": 4},
+                      actor={"master_weights": False})
     parts = by_name(mp.plan(spec, SMALL))
     assert parts["actor parameters"].bytes == 1272 * 2
+    assert "actor master weights" not in parts
     assert parts["actor gradients"].bytes == 1272 * 2
     assert parts["actor AdamW moments"].bytes == 2 * 1272 * 2  # two moments in bfloat16
     assert parts["actor gradient all-reduce"].bytes == 1272 * 2  # 2 ranks: one flat copy
     assert parts["actor gradients"].phases == ("backward", "step")
+
+
+def test_bfloat16_with_master_weights_steps_float32_copies():
+    spec = small_spec(model={"dtype": "bfloat16"}, resources={"devices_per_node": 2},
+                      data={"synthetic": {"task": "addition"}, "train_batch_size": 4})
+    parts = by_name(mp.plan(spec, SMALL))
+    assert parts["actor parameters"].bytes == 1272 * 2  # what the model computes with
+    assert parts["actor master weights"].bytes == 1272 * 4
+    assert parts["actor master weights"].phases == mp.PHASES  # made when the engine is
+    assert parts["actor gradients"].bytes == 1272 * 4  # accumulated in float32
+    assert parts["actor AdamW moments"].bytes == 2 * 1272 * 4
+    assert parts["actor gradient all-reduce"].bytes == 1272 * 4
+    float32 = by_name(mp.plan(small_spec(), SMALL))  # float32: the weights are the masters
+    assert "actor master weights" not in float32
+    assert float32["actor AdamW moments"].bytes == 2 * 1272 * 4
 
 
 def test_fsdp2_shards_float32_master_state_over_the_data_parallel_ranks():

@@ -148,3 +148,76 @@ def test_the_row_by_row_sdpa_leaves_unpacked_calls_and_saved_folders_as_they_wer
     assert generated.shape == (2, 7)
     model.save_pretrained(tmp_path)
     assert VARLEN_SDPA not in (tmp_path / "config.json").read_text()
+
+
+# --------------------------------------------------------------------------- one-call kernels
+
+
+@pytest.mark.parametrize(("device", "dtype", "installed", "expected"), [
+    ("cuda", torch.bfloat16, {"varlen_attn", "flash_attn"}, "varlen_attn"),
+    ("cuda", torch.float16, {"flash_attn"}, "flash_attn"),
+    ("cuda", torch.bfloat16, set(), "row_groups"),
+    ("cuda", torch.float32, {"varlen_attn", "flash_attn"}, "row_groups"),  # flash: 16-bit only
+    ("npu", torch.bfloat16, {"torch_npu"}, "npu_fusion_attention"),
+    ("npu", torch.float32, {"torch_npu"}, "row_groups"),
+    ("cpu", torch.bfloat16, {"varlen_attn", "flash_attn", "torch_npu"}, "row_groups"),
+])
+def test_each_accelerator_gets_its_one_call_kernel(device, dtype, installed, expected):
+    from rl_core.engines.packing import KERNELS, kernel_name
+
+    name = kernel_name(device, dtype, frozenset(installed))
+    assert name == expected
+    assert name == "row_groups" or name in KERNELS
+
+
+def test_torchs_varlen_attention_is_called_causal_in_either_of_its_signatures():
+    from rl_core.engines.packing import _varlen_options
+
+    # torch 2.10-2.11: is_causal, no grouped-query switch (kv heads are repeated)
+    assert _varlen_options(("query", "key", "is_causal", "scale")) == {"is_causal": True}
+    # torch >= 2.12: a (left, right) window, (-1, 0) = causal; grouped-query attention built in
+    assert _varlen_options(("query", "window_size", "enable_gqa", "scale")) == {
+        "window_size": (-1, 0), "enable_gqa": True}
+
+
+def _reference_kernel(calls):
+    """What a variable-length causal kernel computes, written out row by row on the CPU: it
+    stands in for the accelerator's kernel so the layouts around the call are checked here."""
+
+    def kernel(q, k, v, cu, bounds, longest, scale):  # (N, H, D), (N, Hkv, D)
+        calls.append((tuple(q.shape), cu.tolist(), list(bounds), longest, scale))
+        groups = q.shape[1] // k.shape[1]
+        out = torch.empty_like(q)
+        for a, b in zip(bounds, bounds[1:]):
+            rows = [x[a:b].transpose(0, 1) for x in (q, k.repeat_interleave(groups, 1),
+                                                    v.repeat_interleave(groups, 1))]
+            out[a:b] = torch.nn.functional.scaled_dot_product_attention(
+                *rows, is_causal=True, scale=scale).transpose(0, 1)
+        return out
+
+    return kernel
+
+
+def test_a_one_call_kernel_gets_the_packed_sequence_once_per_layer_and_matches(nano,
+                                                                              monkeypatch):
+    from rl_core.engines import packing
+
+    model = fresh(nano)
+    engine = TrainEngine(model, lr=1e-3, remove_padding=True, micro_batch_size=8)
+    batch = make_batch(nano[1], seed=3)
+    want_lp, _ = engine.forward_logprobs(*columns(batch), R)  # the row groups
+    calls = []
+    monkeypatch.setattr(packing, "packed_kernel", lambda device, dtype: _reference_kernel(calls))
+
+    lp, _ = engine.forward_logprobs(*columns(batch), R)
+
+    mask = batch["response_mask"].bool()
+    assert torch.allclose(lp[mask], want_lp[mask], atol=1e-5)
+    lengths = batch["attention_mask"].sum(1)
+    bounds = [0, *lengths.cumsum(0).tolist()]
+    heads = model.config.num_attention_heads
+    assert len(calls) == model.config.num_hidden_layers  # one call per layer, every row in it
+    for shape, cu, host, longest, scale in calls:
+        assert shape == (int(lengths.sum()), heads, model.config.hidden_size // heads)
+        assert cu == host == bounds and longest == int(lengths.max())
+        assert scale == pytest.approx(shape[-1] ** -0.5)

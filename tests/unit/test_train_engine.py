@@ -14,6 +14,11 @@ from rl_core.spec import ActorConfig
 
 P, R = 6, 5  # prompt and response columns
 
+BF16 = pytest.mark.skipif(
+    not torch.backends.mkldnn.is_available() or not torch.ops.mkldnn._is_mkldnn_bf16_supported(),
+    reason="this CPU has no bfloat16 support in oneDNN",
+)
+
 
 @pytest.fixture(scope="module")
 def nano():
@@ -330,8 +335,11 @@ def test_float16_is_refused():
 # --------------------------------------------------------------------------- state
 
 
-def test_a_restored_engine_takes_the_same_next_step(nano):
-    kwargs = dict(lr=1e-2, warmup_steps=3, lr_scheduler="cosine", total_steps=5)
+@pytest.mark.parametrize("dtype", ["float32", pytest.param("bfloat16", marks=BF16)])
+def test_a_restored_engine_takes_the_same_next_step(nano, dtype):
+    """bfloat16: from its float32 master weights, saved with the optimizer's state."""
+    kwargs = dict(lr=1e-2, warmup_steps=3, lr_scheduler="cosine", total_steps=5,
+                  param_dtype=dtype)
     engine = TrainEngine(fresh(nano), **kwargs)
     batches = [rl_batch(engine, nano[1], seed=s) for s in (10, 11)]
     engine.train_step(batches[0], ppo_loss_fn(), micro_batch_size=4)
@@ -349,6 +357,10 @@ def test_a_restored_engine_takes_the_same_next_step(nano):
     assert restored.step == engine.step == 2
     assert resumed == continued
     assert max_diff(params_of(engine.model), params_of(restored.model)) == 0
+    assert ("master_weights" in saved_engine) == (dtype == "bfloat16")
+    assert len(restored.masters) == len(engine.masters)
+    if engine.masters:
+        assert max_diff(engine.masters, restored.masters) == 0
 
 
 def test_from_spec_reads_the_actor_section(nano):
@@ -371,10 +383,7 @@ def test_from_spec_reads_the_actor_section(nano):
 # --------------------------------------------------------------------------- dtypes, learning
 
 
-@pytest.mark.skipif(
-    not torch.backends.mkldnn.is_available() or not torch.ops.mkldnn._is_mkldnn_bf16_supported(),
-    reason="this CPU has no bfloat16 support in oneDNN",
-)
+@BF16
 def test_bfloat16_parameters_train(nano):
     engine = TrainEngine(fresh(nano), lr=1e-2, param_dtype="bfloat16")
     before = params_of(engine.model)
@@ -397,3 +406,53 @@ def test_sft_loss_decreases(nano):
     batch = make_batch(nano[1], seed=12, min_response=3)
     losses = [engine.train_step(batch, sft_loss_fn)["actor/sft_loss"] for _ in range(15)]
     assert losses[-1] < 0.8 * losses[0]
+
+
+@BF16
+def test_bfloat16_steps_float32_masters_and_computes_in_their_copy(nano):
+    engine = TrainEngine(fresh(nano), lr=1e-2, param_dtype="bfloat16")
+    start = [m.detach().clone() for m in engine.masters]
+
+    engine.train_step(make_batch(nano[1]), sft_loss_fn, micro_batch_size=4)
+
+    assert len(engine.masters) == len(engine.params) > 0
+    assert all(m.dtype == torch.float32 for m in engine.masters)
+    moments = [s["exp_avg"] for s in engine.optimizer.state.values()]
+    assert len(moments) == len(engine.masters) and all(m.dtype == torch.float32 for m in moments)
+    assert max_diff(start, engine.masters) > 0
+    for param, master in zip(engine.params, engine.masters):  # the model: the masters, rounded
+        assert param.dtype == torch.bfloat16 and torch.equal(param, master.to(torch.bfloat16))
+        assert param.grad is None  # each bfloat16 gradient went into its master's and was freed
+
+
+@BF16
+def test_master_weights_keep_updates_below_bfloat16_resolution(nano):
+    """AdamW's first step moves every weight by about lr; at lr 1e-6 that is below a bfloat16
+    weight's resolution (2**-8 of it, 4e-3 relative) for all weights above about 5e-4 (most of
+    them, at an init std of 0.02). Pure bfloat16 loses those updates; the masters keep all."""
+    batch = make_batch(nano[1])
+    masters = TrainEngine(fresh(nano), lr=1e-6, param_dtype="bfloat16", grad_clip=0)
+    pure = TrainEngine(fresh(nano), lr=1e-6, param_dtype="bfloat16", grad_clip=0,
+                       master_weights=False)
+    before = params_of(pure.model)
+    start = [m.detach().clone() for m in masters.masters]
+
+    masters.train_step(batch, sft_loss_fn)
+    pure.train_step(batch, sft_loss_fn)
+
+    moved = [(m - s).abs() for m, s in zip(masters.masters, start)]
+    got_grad = [(m.abs() > 0) for m in moved]
+    kept = sum(int(g.sum()) for g in got_grad)
+    changed = sum(int((p != b).sum()) for p, b in zip(params_of(pure.model), before))
+    assert pure.masters == [] and kept > 0
+    assert changed < 0.1 * kept  # pure bfloat16 lost most of the step
+    assert all(p.dtype == torch.bfloat16 for p in pure.optimizer.state[pure.params[0]].values()
+               if p.dim())
+
+
+def test_pure_bfloat16_is_refused_for_fsdp2_by_name():
+    from rl_core.spec import SpecError, resolve_spec
+
+    with pytest.raises(SpecError, match="actor.master_weights: fsdp2 always keeps float32"):
+        resolve_spec({"data": {"synthetic": {"task": "addition"}},
+                      "actor": {"strategy": "fsdp2", "master_weights": False}})

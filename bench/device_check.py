@@ -1,0 +1,342 @@
+"""rl_core's device paths on whatever accelerator this host has, checked and timed in one table.
+
+    python bench/device_check.py            # on a GPU or NPU host: a few minutes
+    python bench/device_check.py --smoke    # every line on the CPU at a tiny size (CI runs it)
+    python bench/device_check.py --only collectives,packing --json out.json
+
+It imports nothing beyond torch, transformers, safetensors, tokenizers, pydantic and math-verify
+(with rl_core itself), what a bare accelerator host has or what travels as wheels (docs/
+operations.md says how). The lines, each `ok`, `FAIL` (with the error) or `skip` (with why):
+
+- collectives: counts and sums reduced through rl_core.collectives on the device's backend (nccl,
+  hccl; gloo on CPU), one rank: integers come back exact, on the device they were made for.
+- fsdp2 step: one FSDP2 AdamW step of the model on one rank of that backend.
+- packed = padded: the same micro-batches' log-probs packed (remove padding, one variable-length
+  kernel call per layer where the device has one) and padded agree; each update's time, and
+  padded/packed (the aim on an H200: at least 1.5).
+- bf16 masters: a bfloat16 engine's float32 master weights keep an update below bfloat16's
+  resolution that pure bfloat16 loses.
+- update MFU: 6 x parameters x real tokens over the packed update's time, against the matmul
+  peak measured here (a large bf16 matmul).
+- rollout: the native engine's response tokens/s, against the floor set by the memory bandwidth
+  measured here (every decode step reads the weights and the KV cache once).
+- demo: the demo recipe (the tiny:small-addition warm start, then GRPO on two-digit addition,
+  float32; 60 steps, 2 with --smoke): the warm start's SFT accuracy and GRPO's last validation
+  accuracy (the CPU reaches about 47 % and 80 %).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from rl_core import device as devices  # noqa: E402
+from rl_core.collectives import all_reduce, reduce_numbers  # noqa: E402
+
+# Qwen2.5-0.5B's layout on rl_core's byte vocabulary (358M parameters); smoke: the nano preset.
+FULL_SHAPE = {"hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14,
+              "num_key_value_heads": 2, "intermediate_size": 4864,
+              "max_position_embeddings": 2048}
+LINES = ("collectives", "fsdp2", "packing", "masters", "mfu", "rollout", "demo")
+
+
+class Check:
+    """The machine under test and the sizes of one run of the table."""
+
+    def __init__(self, smoke: bool, work: Path) -> None:
+        self.smoke, self.work = smoke, work
+        self.kind = devices.CPU if smoke else devices.detect()
+        self.device = devices.torch_device(self.kind, 0)
+        self.dtype = torch.float32 if self.kind.name == "cpu" else torch.bfloat16
+        self.shape = {} if smoke else FULL_SHAPE
+        # rows x (prompt + response): 32 prompts x 8 samples, <= 256 new tokens (smoke: 8 x 16)
+        self.rows, self.prompt, self.response = (8, 8, 16) if smoke else (256, 32, 256)
+        self.results: dict[str, dict] = {}
+
+    def model(self, seed: int = 0):
+        from rl_core.models.tiny import build_tiny
+
+        model, tokenizer = build_tiny("nano" if self.smoke else "small", seed=seed, **self.shape)
+        return model, tokenizer
+
+    def sync(self) -> None:
+        devices.synchronize(self.device)
+
+
+def _group(check: Check) -> None:
+    """A one-rank process group of the device's backend (once)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        store = dist.FileStore(str(check.work / "rendezvous"), 1)
+        dist.init_process_group(check.kind.backend, store=store, rank=0, world_size=1)
+
+
+def line_collectives(check: Check) -> dict:
+    import torch.distributed as dist
+
+    _group(check)
+    counts = reduce_numbers([7, 2**40 + 1], op=dist.ReduceOp.MAX, device=check.device)
+    values = torch.tensor([0.5, 1.5], dtype=torch.float64)  # on the host, in float64
+    summed = all_reduce(values)
+    ok = counts == [7, 2**40 + 1] and summed.tolist() == [0.5, 1.5]
+    ok = ok and summed.device.type == "cpu" and summed.dtype == torch.float64
+    return {"ok": ok, "backend": dist.get_backend(), "counts": counts}
+
+
+def _batch(check: Check, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Left-padded prompts and right-padded responses with a long tail of response lengths (about
+    half the longest on average, as random weights generate)."""
+    g = torch.Generator().manual_seed(seed)
+    p, r, n = check.prompt, check.response, check.rows
+    prompt_lens = torch.randint(p // 2, p + 1, (n,), generator=g)
+    response_lens = (torch.rand(n, generator=g) ** 1.5 * r).long().clamp(min=1)
+    ids = torch.randint(0, 256, (n, p + r), generator=g)
+    mask = torch.zeros(n, p + r, dtype=torch.long)
+    for row, (a, b) in enumerate(zip(prompt_lens.tolist(), response_lens.tolist())):
+        mask[row, p - a:p + b] = 1
+    return {"input_ids": ids, "attention_mask": mask,
+            "position_ids": (mask.cumsum(1) - 1).clamp(min=0), "response_mask": mask[:, p:],
+            "old_logprobs": torch.zeros(n, r), "advantages": torch.randn(n, generator=g)[:, None]
+            .expand(n, r).contiguous()}
+
+
+def _loss(micro, logprobs, _entropy):
+    from rl_core.algos import get_policy_loss
+
+    return get_policy_loss("vanilla")(micro["old_logprobs"], logprobs, micro["advantages"],
+                                      micro["response_mask"])
+
+
+def _engine(check: Check, model, packed: bool, **options):
+    from rl_core.engines.train import TrainEngine
+
+    budget = {"max_token_len": 16384 if not check.smoke else 64} if packed else {
+        "micro_batch_size": 32 if not check.smoke else 4}
+    dtype = "bfloat16" if check.dtype == torch.bfloat16 else "float32"
+    return TrainEngine(model, lr=1e-6, param_dtype=dtype, device=check.device,
+                       remove_padding=packed, **budget, **options)
+
+
+def _timed(check: Check, run: Callable[[], object], repeats: int = 2) -> float:
+    """The best of `repeats` timed calls, after one untimed warm-up call."""
+    run()
+    best = float("inf")
+    for _ in range(repeats):
+        check.sync()
+        start = time.perf_counter()
+        run()
+        check.sync()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def line_fsdp2(check: Check) -> dict:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from rl_core.engines.fsdp import FSDP2Engine
+
+    _group(check)
+    model, _ = check.model()
+    mesh = init_device_mesh(check.device.type, (1,))
+    dtype = "bfloat16" if check.dtype == torch.bfloat16 else "float32"
+    engine = FSDP2Engine(model, mesh=mesh, lr=1e-6, param_dtype=dtype, micro_batch_size=8)
+    batch = _batch(check)
+    seconds = _timed(check, lambda: engine.train_step(batch, _loss), repeats=1)
+    return {"ok": engine.step == 2, "step_s": round(seconds, 3)}
+
+
+def line_packing(check: Check) -> dict:
+    from rl_core.engines.packing import kernel_name
+    from rl_core.engines.packing import _installed as installed  # noqa: PLC2701
+
+    model, _ = check.model()
+    padded = _engine(check, copy.deepcopy(model), packed=False)
+    packed = _engine(check, model, packed=True)
+    batch = _batch(check)
+    columns = (batch["input_ids"], batch["attention_mask"], batch["position_ids"], check.response)
+    want, _ = padded.forward_logprobs(*columns)
+    got, _ = packed.forward_logprobs(*columns)
+    mask = batch["response_mask"].bool()
+    diff = (want[mask] - got[mask]).abs().max().item()
+    tolerance = 1e-4 if check.dtype == torch.float32 else 5e-2
+    padded_s = _timed(check, lambda: padded.train_step(batch, _loss))
+    packed_s = _timed(check, lambda: packed.train_step(batch, _loss))
+    check.results["_update"] = {"packed_s": packed_s, "tokens": int(batch["attention_mask"].sum()),
+                                "parameters": sum(p.numel() for p in model.parameters())}
+    return {"ok": diff <= tolerance, "max_logprob_diff": round(diff, 6),
+            "kernel": kernel_name(check.device.type, check.dtype, installed()),
+            "padded_s": round(padded_s, 3), "packed_s": round(packed_s, 3),
+            "padded/packed": round(padded_s / packed_s, 2)}
+
+
+def line_masters(check: Check) -> dict:
+    from rl_core.engines.train import TrainEngine
+
+    if check.kind.name == "cpu" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return {"skip": "this CPU has no bfloat16 in oneDNN"}
+    model, _ = check.model(seed=1)
+    batch = _batch(check, seed=1)
+    moved = {}
+    for masters in (True, False):
+        engine = TrainEngine(copy.deepcopy(model), lr=1e-6, param_dtype="bfloat16", grad_clip=0,
+                             device=check.device, micro_batch_size=8, master_weights=masters)
+        before = [p.detach().float().clone() for p in (engine.masters or engine.params)]
+        engine.train_step(batch, _loss)
+        after = engine.masters or engine.params
+        moved[masters] = sum(int((a.float() != b).sum()) for a, b in zip(after, before))
+    ok = moved[True] > 0 and moved[False] < 0.1 * moved[True]
+    return {"ok": ok, "entries_moved_with_masters": moved[True], "without": moved[False]}
+
+
+def _matmul_peak(check: Check) -> float:
+    """FLOP/s of a large matmul in the compute dtype (the chip's practical peak)."""
+    n = 512 if check.smoke else 8192
+    a = torch.randn(n, n, device=check.device, dtype=check.dtype)
+    b = torch.randn(n, n, device=check.device, dtype=check.dtype)
+    seconds = _timed(check, lambda: a @ b, repeats=5)
+    return 2 * n**3 / seconds
+
+
+def line_mfu(check: Check) -> dict:
+    update = check.results.get("_update")
+    if update is None:
+        return {"skip": "needs the packing line"}
+    flops = 6 * update["parameters"] * update["tokens"]
+    peak = _matmul_peak(check)
+    mfu = flops / update["packed_s"] / peak
+    return {"ok": True, "mfu": f"{mfu:.1%}", "tflops": round(flops / update["packed_s"] / 1e12, 1),
+            "peak_tflops": round(peak / 1e12, 1)}
+
+
+def _bandwidth(check: Check) -> float:
+    """Bytes/s of a large device-to-device copy (read plus write)."""
+    n = (8 if check.smoke else 1024) << 20
+    src = torch.empty(n, dtype=torch.uint8, device=check.device)
+    dst = torch.empty_like(src)
+    seconds = _timed(check, lambda: dst.copy_(src), repeats=5)
+    return 2 * n / seconds
+
+
+def line_rollout(check: Check) -> dict:
+    from rl_core.rollout.native import NativeRolloutEngine
+    from rl_core.rollout.sampling import SamplingParams
+
+    model, tokenizer = check.model()
+    model = model.to(check.device, check.dtype)
+    engine = NativeRolloutEngine(model, [tokenizer.eos_token_id], tokenizer.pad_token_id,
+                                 check.device)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 256, (check.prompt,), generator=g).tolist()
+               for _ in range(check.rows)]
+    new = check.response
+    params = SamplingParams(max_new_tokens=new, temperature=1.0)
+    tokens = {}
+
+    def run() -> None:
+        batch = engine.generate(prompts, params, torch.Generator().manual_seed(1))
+        tokens["n"] = int(batch.response_mask.sum())
+
+    seconds = _timed(check, run, repeats=1)
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    config = model.config
+    head_dim = config.hidden_size // config.num_attention_heads
+    kv_per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * \
+        torch.finfo(check.dtype).bits // 8
+    # each step reads the weights once and the cache of every row so far (half full on average)
+    step_bytes = weights + check.rows * (check.prompt + new / 2) * kv_per_token
+    floor_s = new * step_bytes / _bandwidth(check)
+    return {"ok": tokens["n"] > 0, "tokens_per_s": round(tokens["n"] / seconds),
+            "floor_tokens_per_s": round(tokens["n"] / floor_s), "seconds": round(seconds, 3)}
+
+
+def line_demo(check: Check) -> dict:
+    import yaml
+
+    from rl_core.cli import main as cli
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "platform"))
+    from experiments.starter import starter_spec  # the demo's spec: plain Python, no Django
+
+    spec = starter_spec("grpo")
+    out = check.work / "demo"
+    spec["resources"] = {"device_type": check.kind.name, "devices_per_node": 1}
+    spec["trainer"].update(output_dir=str(out), logger=["console"],
+                           total_steps=2 if check.smoke else 60, eval_every=1 if check.smoke else 10)
+    path = check.work / "demo.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    if cli(["train", str(path), "--backend", "local"]) != 0:
+        return {"ok": False, "error": "the demo run failed (its log is above)"}
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    accuracy = [r["val/accuracy"] for r in rows if "val/accuracy" in r]
+    return {"ok": bool(accuracy), "val_accuracy": [round(a, 3) for a in accuracy]}
+
+
+CHECKS: dict[str, Callable[[Check], dict]] = {
+    "collectives": line_collectives, "fsdp2": line_fsdp2, "packing": line_packing,
+    "masters": line_masters, "mfu": line_mfu, "rollout": line_rollout, "demo": line_demo,
+}
+
+
+def run_line(check: Check, name: str) -> dict:
+    start = time.perf_counter()
+    try:
+        result = CHECKS[name](check)
+    except Exception as exc:  # noqa: BLE001 - one failing line must not hide the others
+        traceback.print_exc()
+        result = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:300]}
+    result["seconds"] = result.get("seconds", round(time.perf_counter() - start, 1))
+    return result
+
+
+def status(result: dict) -> str:
+    return "skip" if "skip" in result else "ok" if result.get("ok") else "FAIL"
+
+
+def table(check: Check, results: dict[str, dict]) -> str:
+    head = (f"device check: {check.kind.name} ({check.device}, {check.dtype}), torch "
+            f"{torch.__version__}{', smoke' if check.smoke else ''}")
+    lines = [head, "", "| line | status | figures |", "| --- | --- | --- |"]
+    for name, result in results.items():
+        figures = ", ".join(f"{k} {v}" for k, v in result.items() if k not in ("ok",))
+        lines.append(f"| {name} | {status(result)} | {figures} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="every line on the CPU, tiny sizes")
+    parser.add_argument("--only", default=",".join(LINES), help=f"lines to run ({','.join(LINES)})")
+    parser.add_argument("--json", type=Path, help="also write the results as JSON here")
+    args = parser.parse_args(argv)
+    only = [name.strip() for name in args.only.split(",") if name.strip()]
+    unknown = [name for name in only if name not in CHECKS]
+    if unknown:
+        parser.error(f"unknown lines {unknown}; choose from {', '.join(LINES)}")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    with tempfile.TemporaryDirectory(prefix="device-check-") as work:
+        check = Check(args.smoke, Path(work))
+        results = {}
+        for name in only:
+            results[name] = run_line(check, name)
+            print(f"{name}: {status(results[name])} {results[name]}", flush=True)
+    print(table(check, results))
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    return 0 if all(status(r) != "FAIL" for r in results.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

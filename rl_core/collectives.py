@@ -1,0 +1,92 @@
+"""Collectives that work on every backend: rl_core's one door to torch.distributed's reductions.
+
+NCCL and HCCL reduce device tensors only ("No backend type associated with device type cpu"),
+and HCCL has no float64; gloo reduces host tensors. A count or a sum made with `torch.tensor`
+lands on the host and in float64 by habit, which works on gloo, the CPU tests' backend, and dies
+at the first step on a GPU or an NPU. So every reduction in rl_core goes through `all_reduce`:
+it puts the tensor where the group's backend takes it (`placement`, a pure function tested for
+every backend on any host), in a dtype that backend has, reduces it and hands back a tensor on
+the caller's device in the caller's dtype. `reduce_numbers` does the same for a few Python
+numbers in one call (integers as int64, exact; other numbers as float32).
+tests/unit/test_layout.py fails on a collective called anywhere else in rl_core.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+
+# The device type each backend reduces on.
+BACKEND_DEVICE = {"nccl": "cuda", "hccl": "npu", "gloo": "cpu", "mpi": "cpu"}
+# Dtypes a backend lacks, and what a tensor of one travels as instead.
+MISSING_DTYPES = {"hccl": {torch.float64: torch.float32}}
+
+
+def backend_devices(backend: str) -> list[str]:
+    """The device types a backend description reduces on: "nccl" -> ["cuda"]; the default
+    group of several backends, "cpu:gloo,cuda:nccl" -> ["cpu", "cuda"]. ValueError for a
+    backend rl_core does not know."""
+    if ":" not in backend:
+        if backend not in BACKEND_DEVICE:
+            raise ValueError(f"unknown torch.distributed backend {backend!r}; rl_core knows "
+                             f"{', '.join(BACKEND_DEVICE)}")
+        return [BACKEND_DEVICE[backend]]
+    return [part.split(":", 1)[0].strip() for part in backend.split(",")]
+
+
+def _backend_on(backend: str, device_type: str) -> str:
+    """The backend that reduces `device_type` tensors within a backend description."""
+    if ":" not in backend:
+        return backend
+    for part in backend.split(","):
+        kind, name = (s.strip() for s in part.split(":", 1))
+        if kind == device_type:
+            return name
+    raise ValueError(f"{backend!r} has no backend for {device_type}")
+
+
+def placement(backend: str, device: torch.device | str | None,
+              dtype: torch.dtype) -> tuple[str, torch.dtype]:
+    """Where (a device string), and as which dtype, a `dtype` tensor now on `device` (None:
+    made without one, on the host) must travel for a collective on `backend`: on `device` when
+    the backend reduces its device type, else on the backend's device type (the process's
+    current device of it); float64 as float32 on HCCL. Strings, not torch.device: "npu" is a
+    device type only where torch_npu is imported, and this is decided on any host."""
+    types = backend_devices(backend)
+    where = str(device) if device is not None else "cpu"
+    if where.split(":")[0] not in types:
+        where = types[-1]  # the accelerator of a mixed default group
+    wire = MISSING_DTYPES.get(_backend_on(backend, where.split(":")[0]), {}).get(dtype, dtype)
+    return where, wire
+
+
+def all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup | None = None,
+               op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM,
+               backend: str | None = None) -> torch.Tensor:
+    """`tensor` reduced over `group` with `op`: in place when it already lies where the group's
+    backend reduces it, else a reduced copy on its own device and dtype (use the result)."""
+    backend = backend or dist.get_backend(group)
+    where, wire = placement(backend, tensor.device, tensor.dtype)
+    if where == str(tensor.device) and tensor.dtype == wire:
+        dist.all_reduce(tensor, op=op, group=group)
+        return tensor
+    moved = tensor.to(device=where, dtype=wire)
+    dist.all_reduce(moved, op=op, group=group)
+    return moved.to(device=tensor.device, dtype=tensor.dtype)
+
+
+def reduce_numbers(values: Sequence[int | float], group: dist.ProcessGroup | None = None,
+                   op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM,
+                   device: torch.device | str | None = None) -> list[int | float]:
+    """A few Python numbers reduced over `group` in one collective, on the device the group's
+    backend reduces on (`device`, the caller's, when it does): all integers travel as int64
+    (exact), otherwise float32. Returns them as Python numbers (one host sync)."""
+    exact = all(isinstance(v, int) for v in values)
+    backend = dist.get_backend(group)
+    where, _ = placement(backend, device, torch.int64)
+    tensor = torch.tensor(list(values), dtype=torch.int64 if exact else torch.float32,
+                          device=where)
+    dist.all_reduce(tensor, op=op, group=group)
+    return tensor.tolist()
