@@ -89,6 +89,30 @@ def _wait_for_streams_to_end(timeout: float = 15.0) -> None:
         time.sleep(0.1)
 
 
+def _wait_for_requests_to_end(timeout: float = 5.0) -> None:
+    """Until no other connection to the test database is inside a query or a transaction: a
+    request the closed page sent just before (a poll of the run page) may still be running on
+    a live-server thread, and its locks taken in another order than the table flush that ends
+    a transactional test deadlock with it. Past `timeout` the flush goes ahead (a worker of
+    another test may be polling the queue every second)."""
+    from django.db import connection
+
+    deadline, quiet_since = time.monotonic() + timeout, None
+    with connection.cursor() as cursor:
+        while time.monotonic() < deadline:
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = "
+                           "current_database() AND pid <> pg_backend_pid() AND state IN "
+                           "('active', 'idle in transaction')")
+            now = time.monotonic()
+            if cursor.fetchone()[0]:
+                quiet_since = None
+            elif quiet_since is None:
+                quiet_since = now
+            elif now - quiet_since >= 0.2:  # a request sent before the close has arrived by now
+                return
+            time.sleep(0.05)
+
+
 @pytest.fixture
 def console():
     return ConsoleWatch()
@@ -106,6 +130,7 @@ def page(browser, live_server, console):
     yield page
     context.close()
     _wait_for_streams_to_end()
+    _wait_for_requests_to_end()
     assert not console.unexpected(), "errors in the browser console:\n" + "\n".join(console.unexpected())
 
 
