@@ -12,6 +12,7 @@ process on one device (no roles).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -86,7 +87,10 @@ class SFTTrainer:
         return evaluate_prompts(self.rollout, self.tokenizer, self.rewards, self.val, self.sampling,
                                 batch_size=self.spec.data.val_batch_size, seed=self.spec.seed)
 
-    def fit(self) -> dict[str, float]:
+    def fit(self, until: Callable[[dict[str, float]], bool] | None = None) -> dict[str, float]:
+        """Train for `trainer.total_steps`, or (`until`) up to the first validated step whose
+        metrics satisfy `until`; save the last step's checkpoint. Returns the last step's
+        metrics and `checkpoint_step`."""
         metrics: dict[str, float] = {}
         status = "FAILED"
         try:
@@ -117,8 +121,12 @@ class SFTTrainer:
                 every = self.spec.trainer.eval_every
                 if self.val is not None and every and (self.step % every == 0 or self.step == self.total_steps):
                     metrics.update(self.validate())
-                if self.step % self.spec.trainer.log_every == 0 or self.step == self.total_steps:
+                reached = until is not None and "val/accuracy" in metrics and until(metrics)
+                if (self.step % self.spec.trainer.log_every == 0 or self.step == self.total_steps
+                        or reached):
                     self.tracker.log_metrics(metrics, self.step)
+                if reached:
+                    break
                 save_every = self.spec.trainer.save_every
                 if save_every and self.step % save_every == 0 and self.step < self.total_steps:
                     self.save()

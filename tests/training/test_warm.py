@@ -17,7 +17,13 @@ import threading
 import pytest
 
 from rl_core.models.loading import ModelLoadError, load_model_and_tokenizer, resolve_model_path
-from rl_core.recipes.warm import RECIPES, resolve_warm, warm_cache_key, with_warm_start
+from rl_core.recipes.warm import (
+    RECIPES,
+    STOP_AT,
+    resolve_warm,
+    warm_cache_key,
+    with_warm_start,
+)
 from rl_core.spec import resolve_spec
 
 SHORT_STEPS = 20
@@ -64,6 +70,8 @@ def test_the_warm_start_is_built_once_and_records_its_recipe_and_accuracy(tmp_pa
     assert record["name"] == "tiny:small-addition"
     assert record["sft"] == RECIPES["small-addition"]
     assert 0.0 <= record["val_accuracy"] <= 1.0, record["val_accuracy"]  # validated at the end
+    assert record["stop_at"] == STOP_AT["small-addition"]
+    assert record["sft_steps"] == SHORT_STEPS  # 20 steps never reach the target: all of them
     assert not (folder / "trainer_state.pt").exists()  # weights and tokenizer only
     assert [p.name for p in tmp_path.joinpath("tiny").iterdir() if p.name.startswith(".")
             and not p.name.endswith(".lock")] == []  # no staging folder left behind
@@ -81,3 +89,22 @@ def test_the_warm_start_is_built_once_and_records_its_recipe_and_accuracy(tmp_pa
 def test_an_unknown_warm_start_names_the_choices():
     with pytest.raises(ModelLoadError, match="tiny:small-addition"):
         resolve_model_path("tiny:small-subtraction")
+
+
+def test_the_sft_stops_at_the_first_validation_that_reaches_its_target(tmp_path, monkeypatch):
+    """The step the tiny model learns to add at moves with the seed and the machine's rounding;
+    the warm start stops on the accuracy instead (here a target the first validation meets)."""
+    monkeypatch.setenv("ASCENT_CACHE_DIR", str(tmp_path))
+    recipe = short_recipe("small-addition")
+    recipe["trainer"] = {**recipe["trainer"], "eval_every": 5}
+    monkeypatch.setitem(RECIPES, "small-addition", recipe)
+    monkeypatch.setitem(STOP_AT, "small-addition", 0.0)
+
+    folder = resolve_warm("small-addition")
+
+    record = json.loads((folder / "warm.json").read_text())
+    assert record["sft_steps"] == 5 and record["stop_at"] == 0.0
+    assert record["val_accuracy"] >= 0.0
+    model, _ = load_model_and_tokenizer(folder)  # the checkpoint of step 5, in place
+    assert model.config.hidden_size == 128
+
