@@ -159,8 +159,7 @@ def line_fsdp2(check: Check) -> dict:
 
 
 def line_packing(check: Check) -> dict:
-    from rl_core.engines.packing import kernel_name
-    from rl_core.engines.packing import _installed as installed  # noqa: PLC2701
+    from rl_core.engines.packing import installed_kernels, kernel_name
 
     model, _ = check.model()
     padded = _engine(check, copy.deepcopy(model), packed=False)
@@ -177,7 +176,7 @@ def line_packing(check: Check) -> dict:
     check.results["_update"] = {"packed_s": packed_s, "tokens": int(batch["attention_mask"].sum()),
                                 "parameters": sum(p.numel() for p in model.parameters())}
     return {"ok": diff <= tolerance, "max_logprob_diff": round(diff, 6),
-            "kernel": kernel_name(check.device.type, check.dtype, installed()),
+            "kernel": kernel_name(check.device.type, check.dtype, installed_kernels()),
             "padded_s": round(padded_s, 3), "packed_s": round(packed_s, 3),
             "padded/packed": round(padded_s / packed_s, 2)}
 

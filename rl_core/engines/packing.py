@@ -155,7 +155,7 @@ HALF_DTYPES = (torch.bfloat16, torch.float16)  # what the flash kernels compute 
 def packed_kernel(device_type: str, dtype: torch.dtype) -> PackedKernel | None:
     """The one-call variable-length attention for tensors of `dtype` on `device_type`, or None
     (then the rows are grouped by length). The choice: `kernel_name`."""
-    return KERNELS.get(kernel_name(device_type, dtype, _installed()))
+    return KERNELS.get(kernel_name(device_type, dtype, installed_kernels()))
 
 
 def kernel_name(device_type: str, dtype: torch.dtype, installed: frozenset[str]) -> str:
@@ -172,7 +172,7 @@ def kernel_name(device_type: str, dtype: torch.dtype, installed: frozenset[str])
 
 
 @functools.cache
-def _installed() -> frozenset[str]:
+def installed_kernels() -> frozenset[str]:
     """The variable-length kernels this process can import (checked once)."""
     found = {name for name in ("flash_attn", "torch_npu")
              if importlib.util.find_spec(name) is not None}
