@@ -18,8 +18,10 @@ operations.md says how). The lines, each `ok`, `FAIL` (with the error) or `skip`
   resolution that pure bfloat16 loses.
 - update MFU: 6 x parameters x real tokens over the packed update's time, against the matmul
   peak measured here (a large bf16 matmul).
-- rollout: the native engine's response tokens/s, against the floor set by the memory bandwidth
-  measured here (every decode step reads the weights and the KV cache once).
+- rollout: the native engine's response tokens/s with its decode step replayed from device
+  graphs (the default where the device has them) and with plain steps, against the floor set
+  by the memory bandwidth measured here (every decode step reads the weights and the KV cache
+  once); both must generate the same number of tokens (the same draws).
 - demo: the demo recipe (the tiny:small-addition warm start, then GRPO on two-digit addition,
   float32; 60 steps, 2 with --smoke): the warm start's SFT accuracy and GRPO's last validation
   accuracy (the CPU reaches about 47 % and 80 %).
@@ -233,22 +235,29 @@ def line_rollout(check: Check) -> dict:
     from rl_core.rollout.native import NativeRolloutEngine
     from rl_core.rollout.sampling import SamplingParams
 
+    from rl_core.rollout.decoder import EagerGraphs
+
     model, tokenizer = check.model()
     model = model.to(check.device, check.dtype)
-    engine = NativeRolloutEngine(model, [tokenizer.eos_token_id], tokenizer.pad_token_id,
-                                 check.device)
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 256, (check.prompt,), generator=g).tolist()
                for _ in range(check.rows)]
     new = check.response
     params = SamplingParams(max_new_tokens=new, temperature=1.0)
-    tokens = {}
+    tokens, seconds = {}, {}
+    # the engine's default (device graphs where the device has them; on the CPU the same
+    # bucketed steps without graphs), and plain steps, one kernel launch at a time
+    for name, graphs in (("graphs", None), ("eager", False)):
+        engine = NativeRolloutEngine(model, [tokenizer.eos_token_id], tokenizer.pad_token_id,
+                                     check.device, graphs=graphs)
+        if name == "graphs" and engine.graphs is None:
+            engine.graphs = EagerGraphs()
 
-    def run() -> None:
-        batch = engine.generate(prompts, params, torch.Generator().manual_seed(1))
-        tokens["n"] = int(batch.response_mask.sum())
+        def run(engine: NativeRolloutEngine = engine, name: str = name) -> None:
+            batch = engine.generate(prompts, params, torch.Generator().manual_seed(1))
+            tokens[name] = int(batch.response_mask.sum())
 
-    seconds = _timed(check, run, repeats=1)
+        seconds[name] = _timed(check, run, repeats=1)
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     config = model.config
     head_dim = config.hidden_size // config.num_attention_heads
@@ -257,8 +266,11 @@ def line_rollout(check: Check) -> dict:
     # each step reads the weights once and the cache of every row so far (half full on average)
     step_bytes = weights + check.rows * (check.prompt + new / 2) * kv_per_token
     floor_s = new * step_bytes / _bandwidth(check)
-    return {"ok": tokens["n"] > 0, "tokens_per_s": round(tokens["n"] / seconds),
-            "floor_tokens_per_s": round(tokens["n"] / floor_s), "seconds": round(seconds, 3)}
+    return {"ok": tokens["graphs"] == tokens["eager"] > 0,
+            "tokens_per_s": round(tokens["graphs"] / seconds["graphs"]),
+            "eager_tokens_per_s": round(tokens["eager"] / seconds["eager"]),
+            "floor_tokens_per_s": round(tokens["graphs"] / floor_s),
+            "seconds": round(seconds["graphs"], 3), "eager_seconds": round(seconds["eager"], 3)}
 
 
 def line_demo(check: Check) -> dict:

@@ -285,8 +285,9 @@ class Packed:
 
     input_ids, position_ids (1, N); attention_mask (1, 1, N, N) or None (varlen); keep (K,)
     packed indices of the positions predicting the K valid response tokens, labels (K,) those
-    tokens; where (b, R) bool: which response columns they are; attention: the rows'
-    boundaries for the model's attention (`cu_seq_lens_q/k` (b + 1,) int32, `max_length_q/k`).
+    tokens; where (b, R) bool: which response columns they are, and slots (K,) their flat
+    indices; attention: the rows' boundaries for the model's attention (`cu_seq_lens_q/k`
+    (b + 1,) int32, `max_length_q/k`).
     """
 
     input_ids: torch.Tensor
@@ -295,6 +296,7 @@ class Packed:
     keep: torch.Tensor
     labels: torch.Tensor
     where: torch.Tensor
+    slots: torch.Tensor
     attention: dict[str, Any] = field(default_factory=dict)
 
     def model_inputs(self) -> dict[str, Any]:
@@ -304,9 +306,8 @@ class Packed:
 
     def unpack(self, values: torch.Tensor) -> torch.Tensor:
         """(K,) per valid response token -> (b, R), 0 in the response's padding."""
-        out = values.new_zeros(self.where.shape)
-        out[self.where] = values
-        return out
+        out = values.new_zeros(self.where.numel())
+        return out.index_put_((self.slots,), values).view(self.where.shape)
 
 
 def pack(
@@ -326,30 +327,40 @@ def pack(
     """
     if attention not in PACKED_ATTENTION:
         raise ValueError(f"packing needs one of {list(PACKED_ATTENTION)}, got {attention!r}")
+    # Which tokens go where is worked out where the mask is: on the host (the batch as it
+    # arrives) nothing waits for the device; the device only gathers, by index.
     valid = attention_mask.bool()  # (b, T)
     b, width = valid.shape
-    n = int(valid.sum())
-    index = torch.full((b, width), -1, dtype=torch.long, device=valid.device)
-    index[valid] = torch.arange(n, device=valid.device)  # packed position of each valid token
-    response_index = index[:, width - response_len:]  # (b, R)
+    flat = valid.flatten().nonzero().squeeze(1)  # (N,) valid tokens' flat positions
+    n = flat.shape[0]
+    index = torch.full((b * width,), -1, dtype=torch.long, device=valid.device)
+    index[flat] = torch.arange(n, device=valid.device)  # packed position of each valid token
+    response_index = index.view(b, width)[:, width - response_len:]  # (b, R)
     where = response_index >= 0
-    targets = response_index[where]  # (K,) packed positions of the response tokens
-    packed_ids = input_ids[valid]  # (N,)
+    slots = where.flatten().nonzero().squeeze(1)  # (K,) flat (b, R) positions of the responses
+    targets = response_index.flatten()[slots]  # (K,) packed positions of the response tokens
     lengths = valid.sum(1)  # (b,)
     cu = F.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
-    host = cu.tolist()  # the one device-to-host copy of the boundaries for every layer
+    host = cu.tolist()  # the boundaries for every layer (no wait when the mask is on the host)
     longest = max(b - a for a, b in zip(host, host[1:]))
+    device = input_ids.device
+    flat, targets, slots, where, cu = (
+        t.to(device, non_blocking=True) for t in (flat, targets, slots, where, cu))
+    packed_ids = input_ids.flatten().index_select(0, flat)  # (N,)
     bounds = {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest,
               "max_length_k": longest}
     if attention in ("sdpa", VARLEN_SDPA):
         bounds[HOST_BOUNDS] = host
     mask = None
     if PACKED_ATTENTION[attention] == "additive-mask":
-        rows = torch.arange(b, device=valid.device)[:, None].expand(b, width)[valid]  # (N,)
+        rows = torch.repeat_interleave(torch.arange(b, device=device), lengths.to(device),
+                                       output_size=n)  # (N,)
         allowed = (rows[:, None] == rows[None, :]).tril()  # (N, N): same row, not after
         mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(
             ~allowed, torch.finfo(dtype).min)[None, None]
         bounds = {}
-    return Packed(input_ids=packed_ids[None], position_ids=position_ids[valid][None],
-                  attention_mask=mask, keep=targets - 1, labels=packed_ids[targets], where=where,
+    return Packed(input_ids=packed_ids[None],
+                  position_ids=position_ids.flatten().index_select(0, flat)[None],
+                  attention_mask=mask, keep=targets - 1,
+                  labels=packed_ids.index_select(0, targets), where=where, slots=slots,
                   attention=bounds)

@@ -391,12 +391,17 @@ class TrainEngine:
         with_entropy: bool,
         extents: _Extents,
         rows: list[int],
+        host_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs (and entropy) of one micro-batch; `host_mask`: its attention mask where
+        the batch came from (packing plans from it: on the host, without waiting for the
+        device)."""
         width = input_ids.shape[1]
         if not 0 < response_len < width:
             raise ValueError(f"response_len must be in 1..{width - 1}, got {response_len}")
         if self.remove_padding:
-            packed = pack(input_ids.to(self.device), attention_mask.to(self.device),
+            packed = pack(input_ids.to(self.device),
+                          attention_mask if host_mask is None else host_mask,
                           position_ids.to(self.device), response_len,
                           attention=attention_of(self.model), dtype=self.dtype)
             return self.head.packed(self.model, packed, temperature, with_entropy)
@@ -503,6 +508,7 @@ class TrainEngine:
                 logprobs, entropy = self._forward(
                     micro["input_ids"], micro["attention_mask"], micro["position_ids"],
                     response_mask.shape[1], temperature, with_entropy, extents, rows,
+                    _take(batch["attention_mask"], rows),
                 )
                 if padding:  # every parameter's gradient reduction takes part, adding nothing
                     (logprobs.sum() * 0.0).backward()

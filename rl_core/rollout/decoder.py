@@ -61,7 +61,7 @@ class FastDecoder:
         first = self.layers[0]
         self.heads, self.kv_heads, self.head_dim = first.heads, first.kv_heads, first.head_dim
         self.cache = cache
-        self.cos = self.sin = self.key_bias = torch.empty(0)
+        self.cos = self.sin = self.key_bias = self._columns = torch.empty(0)
 
     def prefill(
         self, ids: torch.Tensor, mask: torch.Tensor, repeats: int, max_new_tokens: int
@@ -72,7 +72,8 @@ class FastDecoder:
         self._rotary_table(length, ids.device)
         shape = (len(self.layers), rows, self.kv_heads, length, self.head_dim)
         self.cache.reserve(shape, self.cache_dtype, ids.device)
-        self.key_bias = self._key_bias(mask.repeat_interleave(repeats, 0), length)
+        self.key_bias = self._key_bias(mask.repeat_interleave(repeats, 0), self.cache.length)
+        self._columns = torch.arange(self.cache.length, device=ids.device)
         positions = mask_positions(mask)
         cos, sin = self.cos[positions][:, :, None], self.sin[positions][:, :, None]  # (N, P, 1, d)
         attend = _prompt_attention(mask)
@@ -83,18 +84,30 @@ class FastDecoder:
 
     def decode(self, tokens: torch.Tensor, positions: torch.Tensor, column: int) -> torch.Tensor:
         """Feed one token per row (B,) at cache `column`; logits (B, V) for the next one."""
+        return self.step(tokens, positions, column, column + 1)
+
+    def step(
+        self, tokens: torch.Tensor, positions: torch.Tensor, column: int | torch.Tensor, span: int
+    ) -> torch.Tensor:
+        """`decode` with the column given as an int or a one-element tensor on the device, the
+        keys read over the first `span` cache columns (those after `column` masked out): with
+        a tensor column and a fixed span its shapes and addresses do not change from step to
+        step, so a device graph can capture it (`StepGraphs`)."""
         cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]  # (B, 1, d)
-        bias = self.key_bias[..., : column + 1]  # (B*kv, 1, S)
+        bias = self.key_bias[: tokens.shape[0] * self.kv_heads, :, :span]  # (B*kv, 1, S)
+        if isinstance(column, torch.Tensor):
+            bias = bias.masked_fill(self._columns[:span] > column, float("-inf"))
         x = F.embedding(tokens, self.embed)  # (B, H)
         for index, layer in enumerate(self.layers):
-            x = self._decode_layer(x, layer, index, cos, sin, bias, column)
+            x = self._decode_layer(x, layer, index, cos, sin, bias, column, span)
         return self._logits(x)
 
     def select(self, keep: torch.Tensor, columns: int) -> None:
-        """Keep only batch rows `keep` (their first `columns` cache columns are filled)."""
+        """Keep only batch rows `keep` (their first `columns` cache columns are filled), moved
+        to the first rows of the same buffers, so their addresses stay what a graph captured."""
         self.cache.select(keep, columns)
-        self.key_bias = self.key_bias.view(-1, self.kv_heads, *self.key_bias.shape[1:])[keep]
-        self.key_bias = self.key_bias.flatten(0, 1)
+        bias = self.key_bias.view(-1, self.kv_heads, *self.key_bias.shape[1:])
+        bias[: keep.shape[0]] = bias[keep]
 
     def _key_bias(self, mask: torch.Tensor, length: int) -> torch.Tensor:
         """Additive attention bias of decoding (B*kv, 1, length), -inf on prompt padding; a
@@ -139,11 +152,12 @@ class FastDecoder:
         cos: torch.Tensor,
         sin: torch.Tensor,
         bias: torch.Tensor,
-        column: int,
+        column: int | torch.Tensor,
+        span: int,
     ) -> torch.Tensor:
         rows, pairs = x.shape[0], x.shape[0] * self.kv_heads
         q, k, v = self._project(x, w, cos, sin)  # (B, heads, d)
-        keys, values = self.cache.write_column(index, column, k, v)  # (B, kv, S, d)
+        keys, values = self.cache.write_column(index, column, k, v, span)  # (B, kv, S, d)
         # One small matmul per (row, kv head): its `group` query heads against its keys.
         q = q.to(self.cache_dtype).reshape(pairs, -1, self.head_dim)  # (B*kv, group, d)
         keys = keys.reshape(pairs, -1, self.head_dim).transpose(1, 2)  # (B*kv, d, S)
@@ -299,9 +313,120 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return torch.addcmul(x * cos, swapped, sin)
 
 
+# --------------------------------------------------------------------------- device graphs
+
+
+class StepGraphs:
+    """The fast decoder's decode step replayed from device graphs (CUDA graphs; Ascend's
+    NPUGraph where torch_npu has it): one launch per step instead of about a hundred kernels
+    per layer, which on an accelerator is what keeps small decode steps from the memory
+    bandwidth limit.
+
+    A graph fixes shapes and addresses, so the step reads its tokens, positions and column
+    from buffers of its own, rows come in buckets (powers of two up to the batch: the rows of
+    a bucket past the batch's compute unread garbage) and the keys in spans of `SPAN` columns
+    (the columns past the current one masked out). A graph is captured the first time its
+    (rows, span) pair comes; the pairs of one `generate` only go one way (spans grow, buckets
+    shrink), so only the current graph is kept and the next one reuses its memory pool.
+    """
+
+    SPAN = 128
+
+    def __init__(self, decoder: FastDecoder, rows: int, backend: GraphBackend) -> None:
+        device = decoder.embed.device
+        self.decoder, self.backend, self.rows = decoder, backend, rows
+        self.tokens = torch.zeros(rows, dtype=torch.long, device=device)
+        self.positions = torch.zeros(rows, dtype=torch.long, device=device)
+        self.column = torch.zeros(1, dtype=torch.long, device=device)
+        self.key: tuple[int, int] | None = None
+        self.graph: Any = None
+        self.logits = torch.empty(0)
+        self.captures = 0
+
+    def bucket(self, rows: int) -> int:
+        """The rows a graph for a batch of `rows` runs: the next power of two, at most all."""
+        return min(1 << max(rows - 1, 0).bit_length(), self.rows)
+
+    def decode(self, tokens: torch.Tensor, positions: torch.Tensor, column: int) -> torch.Tensor:
+        """As `FastDecoder.decode`; the logits are a view of the graph's output, valid until
+        the next step."""
+        rows = tokens.shape[0]
+        self.tokens[:rows].copy_(tokens)
+        self.positions[:rows].copy_(positions)
+        self.column.fill_(column)
+        span = min(-(-(column + 1) // self.SPAN) * self.SPAN, self.decoder.cache.length)
+        key = (self.bucket(rows), span)
+        if key != self.key:
+            self.graph = self.logits = None  # its pool is free for the next capture
+            self.graph, self.logits = self.backend.capture(functools.partial(
+                self.decoder.step, self.tokens[: key[0]], self.positions[: key[0]],
+                self.column, span))
+            self.key, self.captures = key, self.captures + 1
+        self.graph.replay()
+        return self.logits[:rows]
+
+    def select(self, keep: torch.Tensor, columns: int) -> None:
+        self.decoder.select(keep, columns)
+
+    def compacts(self, batch: int, running: int) -> bool:
+        """Whether dropping the stopped rows changes the bucket (else they cost nothing)."""
+        return self.bucket(running) < self.bucket(batch)
+
+
+class GraphBackend:
+    """Captures a function into a device graph: `capture(fn) -> (graph, output)`, where
+    `graph.replay()` reruns fn's kernels on the buffers fn read and wrote when captured."""
+
+    def __init__(self, module: Any) -> None:
+        self.module = module  # torch.cuda, or torch.npu with torch_npu
+        self.pool = module.graph_pool_handle()
+
+    def capture(self, fn: Callable[[], torch.Tensor]) -> tuple[Any, torch.Tensor]:
+        module = self.module
+        side = module.Stream()
+        side.wait_stream(module.current_stream())
+        with module.stream(side):  # once outside the graph: lazy initialisation, workspaces
+            fn()
+        module.current_stream().wait_stream(side)
+        graph = module.CUDAGraph() if module is torch.cuda else module.NPUGraph()
+        with module.graph(graph, pool=self.pool):
+            out = fn()
+        return graph, out
+
+
+class EagerGraphs:
+    """`GraphBackend`'s contract without a device graph: replay calls the function again and
+    copies its result into the output of the capture. It runs `StepGraphs` where there are no
+    device graphs (CPUs), so what it computes is checked everywhere."""
+
+    def capture(self, fn: Callable[[], torch.Tensor]) -> tuple[Any, torch.Tensor]:
+        out = fn()
+        return _EagerReplay(fn, out), out
+
+
+class _EagerReplay:
+    def __init__(self, fn: Callable[[], torch.Tensor], out: torch.Tensor) -> None:
+        self.fn, self.out = fn, out
+
+    def replay(self) -> None:
+        self.out.copy_(self.fn())
+
+
+def graph_backend(device: torch.device) -> GraphBackend | None:
+    """The device graphs of `device`'s kind: CUDA graphs, Ascend's NPUGraph (torch_npu with
+    graph capture), or None (CPUs, and torch_npu builds without it)."""
+    if device.type == "cuda":
+        return GraphBackend(torch.cuda)
+    module = getattr(torch, device.type, None)
+    if device.type == "npu" and all(hasattr(module, n) for n in ("NPUGraph", "graph_pool_handle")):
+        return GraphBackend(module)
+    return None
+
+
 class StaticCache:
     """Preallocated keys and values (layers, rows, kv_heads, length, head_dim), kept between
-    calls while they fit and dropped by `free`."""
+    calls while they fit and dropped by `free`. Dropping rows (`select`) moves the rows kept to
+    the front of the same buffers: the batch's rows are the first `rows`, at fixed addresses."""
 
     ROUND = 64  # lengths are allocated in multiples of this, so similar calls reuse the buffer
 
@@ -327,18 +452,30 @@ class StaticCache:
             self.free()
             length = -(-length // self.ROUND) * self.ROUND
             size = (layers, rows, heads, length, dim)
-            self.keys = torch.empty(size, dtype=dtype, device=device)
-            self.values = torch.empty(size, dtype=dtype, device=device)
+            # zeros, not empty: a step may read columns not yet written (masked, weight 0),
+            # and 0 * NaN of uninitialised memory would still be NaN
+            self.keys = torch.zeros(size, dtype=dtype, device=device)
+            self.values = torch.zeros(size, dtype=dtype, device=device)
+
+    @property
+    def length(self) -> int:
+        """Columns allocated (0 when freed)."""
+        return 0 if self.keys is None else self.keys.shape[3]
 
     def write_column(
-        self, layer: int, column: int, k: torch.Tensor, v: torch.Tensor
+        self, layer: int, column: int | torch.Tensor, k: torch.Tensor, v: torch.Tensor, span: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store one token's k, v (B, kv, d) at `column`; the layer's cache (B, kv, S, d) up to
-        and including it."""
+        """Store one token's k, v (B, kv, d) at `column` (an int, or a one-element tensor on
+        the device) of the first B rows; their cache (B, kv, span, d) from column 0."""
         assert self.keys is not None and self.values is not None
-        self.keys[layer, :, :, column] = k
-        self.values[layer, :, :, column] = v
-        return self.keys[layer, :, :, : column + 1], self.values[layer, :, :, : column + 1]
+        keys, values = self.keys[layer, : k.shape[0]], self.values[layer, : k.shape[0]]
+        if isinstance(column, torch.Tensor):
+            keys.index_copy_(2, column, k[:, :, None])
+            values.index_copy_(2, column, v[:, :, None])
+        else:
+            keys[:, :, column] = k
+            values[:, :, column] = v
+        return keys[:, :, :span], values[:, :, :span]
 
     def write_prompts(self, layer: int, k: torch.Tensor, v: torch.Tensor, repeats: int) -> None:
         """Store the prompts' k, v (N, kv, P, d) from column 0, each prompt in `repeats` rows."""
@@ -348,14 +485,10 @@ class StaticCache:
             store[layer, :, :, :width].view(n, repeats, heads, width, dim).copy_(new[:, None])
 
     def select(self, keep: torch.Tensor, columns: int) -> None:
-        """Keep only batch rows `keep`, copying their first `columns` columns."""
+        """Move batch rows `keep` (their first `columns` columns) to the first rows."""
         assert self.keys is not None and self.values is not None
-        layers, _, heads, length, dim = self.keys.shape
-        shape = (layers, keep.shape[0], heads, length, dim)
-        keys, values = self.keys.new_empty(shape), self.values.new_empty(shape)
-        keys[..., :columns, :] = self.keys[:, keep, :, :columns]
-        values[..., :columns, :] = self.values[:, keep, :, :columns]
-        self.keys, self.values = keys, values
+        for store in (self.keys, self.values):
+            store[:, : keep.shape[0], :, :columns] = store[:, keep, :, :columns]
 
     def free(self) -> None:
         self.keys = self.values = None

@@ -18,6 +18,10 @@ Two decoders share one sampling loop:
 - the Hugging Face decoder, for any other causal LM: the model's own `forward` with a
   `DynamicCache`.
 
+On CUDA (and Ascend with torch_npu's graph capture) the fast decoder's decode step is replayed
+from a device graph (`rl_core.rollout.decoder.StepGraphs`): rows in power-of-two buckets at the
+front of the static cache, keys read in spans of 128 columns; the tokens are the plain steps'.
+
 Prompts are left-padded, so every response starts in the same column; position ids are
 `cumsum(mask) - 1`, as in Hugging Face `generate` and verl. Each prompt is prefilled once and
 its cache copied to its `n` sample rows. Rows stop on any eos id; generation stops when every
@@ -39,7 +43,16 @@ from typing import Any
 import torch
 
 from rl_core.data.batch import Batch, left_pad
-from rl_core.rollout.decoder import FastDecoder, HFDecoder, StaticCache, fast_path_reason
+from rl_core.rollout.decoder import (
+    EagerGraphs,
+    FastDecoder,
+    GraphBackend,
+    HFDecoder,
+    StaticCache,
+    StepGraphs,
+    fast_path_reason,
+    graph_backend,
+)
 from rl_core.rollout.sampling import SamplingParams, draw_uniforms, sample_tokens
 
 # Compact the batch once 1/COMPACT_FRACTION of its rows have stopped.
@@ -61,6 +74,10 @@ class NativeRolloutEngine:
     model's. Needs the fast decoder.
     `check_every`: how many steps between checks that every row has stopped (each check waits
     for the device); default 1 on CPU, 8 elsewhere.
+    `graphs`: replay the fast decoder's decode step from device graphs (`StepGraphs`): None
+    (default) where the device has them (CUDA; Ascend with torch_npu's NPUGraph), True to
+    insist (an error where there are none), False never; `EagerGraphs()` runs the same
+    bucketed steps without graphs (what CPUs can check).
     """
 
     def __init__(
@@ -73,6 +90,7 @@ class NativeRolloutEngine:
         fast: bool = True,
         dtype: torch.dtype | None = None,
         check_every: int | None = None,
+        graphs: bool | GraphBackend | EagerGraphs | None = None,
     ) -> None:
         if not eos_token_ids:
             raise ValueError("eos_token_ids is empty: responses could only stop at max_new_tokens")
@@ -84,6 +102,8 @@ class NativeRolloutEngine:
         self.dtype = dtype
         self.check_every = check_every or (1 if self.device.type == "cpu" else 8)
         self._cache = StaticCache()
+        self.graphs = self._graphs(graphs)
+        self.captures = 0  # device graphs captured so far (a few per `generate`)
 
     # it reads the model it was given: over the training model, no sync is ever needed
     shares_weights = True
@@ -157,6 +177,15 @@ class NativeRolloutEngine:
         outputs = (t.clone() for t in (ids, mask, tokens, logprobs, alive))
         return self._batch(*outputs, params.n)
 
+    def _graphs(self, graphs: bool | GraphBackend | EagerGraphs | None
+                ) -> GraphBackend | EagerGraphs | None:
+        if graphs is None or graphs is True:
+            backend = graph_backend(self.device)
+            if backend is None and graphs is True:
+                raise ValueError(f"graphs=True: {self.device.type} has no device graphs here")
+            return backend
+        return graphs or None
+
     def _decoder(self, length: int) -> FastDecoder | HFDecoder:
         model_dtype = self.model.get_input_embeddings().weight.dtype
         reason = fast_path_reason(self.model, length) if self.fast else "fast=False"
@@ -180,7 +209,8 @@ class NativeRolloutEngine:
         """Decode; returns tokens, logprobs and the alive mask, each (B, steps taken).
 
         Stopped rows keep being computed (their tokens are ignored) until a quarter of the
-        batch has stopped; then the batch is compacted to the rows still running.
+        batch has stopped (with device graphs: until the rows running fit a smaller bucket);
+        then the batch is compacted to the rows still running.
         """
         rows, width, limit = ids.shape[0] * params.n, ids.shape[1], params.max_new_tokens
         out = _Responses(rows, limit, self.pad_token_id, self.device)
@@ -189,6 +219,9 @@ class NativeRolloutEngine:
         eos = torch.tensor(self.eos_token_ids, device=self.device)
         positions = mask.sum(1).repeat_interleave(params.n)  # (B,) position of response token 0
         logits = decoder.prefill(ids, mask, params.n, limit)
+        steps: FastDecoder | HFDecoder | StepGraphs = decoder
+        if isinstance(decoder, FastDecoder) and self.graphs is not None:
+            steps = StepGraphs(decoder, rows, self.graphs)
         for step in range(limit):
             uniform = uniforms[active, step] if uniforms is not None else None
             token, logprob = sample_tokens(logits, params, uniform=uniform)
@@ -200,13 +233,14 @@ class NativeRolloutEngine:
                 stopped = int(done.sum())
                 if stopped == done.shape[0]:
                     break
-                if stopped >= max(1, done.shape[0] // COMPACT_FRACTION):
+                if _compacts(steps, done.shape[0], done.shape[0] - stopped):
                     keep = (~done).nonzero().squeeze(1)
-                    decoder.select(keep, width + step)
+                    steps.select(keep, width + step)
                     active, done, positions, token = (
                         active[keep], done[keep], positions[keep], token[keep]
                     )
-            logits = decoder.decode(token, positions + step, width + step)
+            logits = steps.decode(token, positions + step, width + step)
+        self.captures += getattr(steps, "captures", 0)
         return out.first(step + 1)
 
     def _batch(
@@ -232,6 +266,14 @@ class NativeRolloutEngine:
             "response_lengths": lengths,
             "finished": torch.isin(last, eos),
         })
+
+
+def _compacts(decoder: FastDecoder | HFDecoder | StepGraphs, batch: int, running: int) -> bool:
+    """Whether to drop the stopped rows now: once a quarter of the batch has stopped, or with
+    device graphs when the rows running fit a smaller bucket."""
+    if isinstance(decoder, StepGraphs):
+        return decoder.compacts(batch, running)
+    return batch - running >= max(1, batch // COMPACT_FRACTION)
 
 
 class _Responses:

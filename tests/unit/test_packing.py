@@ -57,6 +57,25 @@ def test_packing_keeps_only_real_tokens_and_restarts_positions(nano):
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_packing_plans_on_the_host_and_the_device_only_gathers(nano, attention):
+    """With the mask on the host, nothing of the device tensors is read back: on the `meta`
+    device, which has no values to read, packing still builds every tensor, and unpacking
+    scatters by index, not by a mask (a device-to-host wait per micro-batch on a GPU)."""
+    batch = make_batch(nano[1], seed=2)
+    ids, mask, positions = columns(batch)
+    on_host = pack(ids, mask, positions, R, attention=attention)
+    packed = pack(ids.to("meta"), mask, positions.to("meta"), R, attention=attention)
+    for name in ("input_ids", "position_ids", "keep", "labels", "where", "slots"):
+        tensor, reference = getattr(packed, name), getattr(on_host, name)
+        assert tensor.device.type == "meta" and tensor.shape == reference.shape, name
+    assert packed.attention.keys() == on_host.attention.keys()
+    values = torch.arange(len(on_host.keep), dtype=torch.float32)
+    assert packed.unpack(values.to("meta")).shape == on_host.where.shape
+    unpacked = on_host.unpack(values)
+    assert torch.equal(unpacked[on_host.where], values) and not unpacked[~on_host.where].any()
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
 def test_packed_logprobs_and_entropy_equal_a_full_forward(nano, attention):
     model = fresh(nano)
     model.config._attn_implementation = attention

@@ -348,3 +348,75 @@ def test_prompts_must_be_given_and_non_empty(model):
         engine.generate([[1, 2], []], SamplingParams(4))
     with pytest.raises(ValueError, match="eos_token_ids"):
         NativeRolloutEngine(model, [], PAD)
+
+
+# --------------------------------------------------------------------------- device graphs
+
+
+class CountingGraphs(decoder_module.EagerGraphs):
+    """Eager stand-in for device graphs that also counts the captures and the replays."""
+
+    def __init__(self):
+        self.keys, self.replays = [], 0
+
+    def capture(self, fn):
+        graph, out = super().capture(fn)
+        outer = self
+
+        class Counted:
+            def replay(self):
+                outer.replays += 1
+                graph.replay()
+
+        self.keys.append(fn.args[0].shape[0])  # the rows the captured step runs
+        return Counted(), out
+
+
+@pytest.fixture
+def short_spans(monkeypatch):
+    monkeypatch.setattr(decoder_module.StepGraphs, "SPAN", 8)  # several spans in 16 tokens
+
+
+@pytest.mark.parametrize("make", [nano, llama, qwen3], ids=["nano", "llama", "qwen3"])
+def test_graphed_steps_give_the_tokens_and_logprobs_of_plain_steps(make, short_spans):
+    """Static buffers, row buckets, spans with the later columns masked, in-place compaction:
+    the step a device graph replays samples what the plain step does."""
+    model, prompts = make(), make_prompts(LENGTHS * 2)
+    eos = stop_tokens(model, prompts)
+    params = SamplingParams(max_new_tokens=24, temperature=0.9, n=3)
+    plain = NativeRolloutEngine(model, eos, PAD, graphs=False)
+    graphs = CountingGraphs()
+    graphed = NativeRolloutEngine(model, eos, PAD, graphs=graphs)
+    a = plain.generate(prompts, params, torch.Generator().manual_seed(3))
+    b = graphed.generate(prompts, params, torch.Generator().manual_seed(3))
+    assert torch.equal(a.response_ids, b.response_ids)
+    assert torch.equal(a.response_mask, b.response_mask)
+    torch.testing.assert_close(a.logprobs, b.logprobs, rtol=1e-5, atol=1e-5)
+    assert 0 < int(a.finished.sum()) < a.finished.shape[0]  # rows stopped at different steps
+    # Captured once per (bucket, span): the buckets only shrink, the batch's 36 rows first.
+    assert graphs.keys[0] == 36 and graphs.keys == sorted(graphs.keys, reverse=True)
+    assert len(graphs.keys) == graphed.captures >= 3  # 24 + 16 columns: spans 8, 16, ... 48
+    assert graphs.replays == b.response_ids.shape[1] - 1
+
+
+def test_graphed_greedy_equals_transformers_generate(model, short_spans):
+    prompts = make_prompts()
+    eos = stop_tokens(model, prompts)
+    engine = NativeRolloutEngine(model, eos, PAD, graphs=decoder_module.EagerGraphs())
+    batch = greedy(engine, prompts, 16)
+    expected = hf_greedy(model, batch, 16, eos)
+    assert torch.equal(batch.response_ids, expected[:, : batch.response_ids.shape[1]])
+
+
+def test_graph_buckets_are_powers_of_two_up_to_the_batch():
+    steps = decoder_module.StepGraphs.__new__(decoder_module.StepGraphs)
+    steps.rows = 48
+    assert [steps.bucket(n) for n in (1, 2, 3, 5, 16, 17, 33, 48)] == [1, 2, 4, 8, 16, 32, 48, 48]
+    assert steps.compacts(48, 32) and not steps.compacts(48, 40) and not steps.compacts(8, 5)
+
+
+def test_device_graphs_are_used_where_the_device_has_them(model):
+    assert NativeRolloutEngine(model, [EOS], PAD).graphs is None  # a CPU has none
+    with pytest.raises(ValueError, match="graphs=True: cpu has no device graphs"):
+        NativeRolloutEngine(model, [EOS], PAD, graphs=True)
+    assert decoder_module.graph_backend(torch.device("cpu")) is None
