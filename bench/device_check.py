@@ -284,6 +284,7 @@ def line_demo(check: Check) -> dict:
     spec = starter_spec("grpo")
     out = check.work / "demo"
     spec["resources"] = {"device_type": check.kind.name, "devices_per_node": 1}
+    spec["rollout"]["engine"] = "native"  # as on the CPU it is compared with, vLLM or not here
     spec["trainer"].update(output_dir=str(out), logger=["console"],
                            total_steps=2 if check.smoke else 60, eval_every=1 if check.smoke else 10)
     path = check.work / "demo.yaml"

@@ -1,6 +1,7 @@
 """The single controller's plumbing: what the RL and DPO recipes share around their own steps.
 
     ctl = Controller(spec, backend="ray")            # checks, seeds, resume point, tokenizer
+    spec = ctl.spec                                  # the spec run: rollout.engine auto resolved
     train, val = ctl.load_prompts()                  # (or the recipe's own items)
     restored = ctl.start(len(train), reference=True)  # loader, roles, tracker; resumed state
     batch = ctl.generate(prompt_ids, ctl.sampling)   # over the actor's ranks, one Batch
@@ -43,6 +44,7 @@ from rl_core.data.run_data import load_prompt_data
 from rl_core.determinism import process_report, record_determinism, seed_everything
 from rl_core.engines.balance import balanced_shares
 from rl_core.errors import InputError, StaleWeightsError, TrainingStopped
+from rl_core.rollout import with_resolved_engine
 from rl_core.rollout.sampling import SamplingParams
 from rl_core.models.loading import (
     check_model_folder,
@@ -127,6 +129,8 @@ class Controller:
             raise InputError(f"resources: {spec.world_size} devices need the Ray backend "
                              "(python -m rl_core train starts it); or set "
                              "resources.devices_per_node=1")
+        # rollout.engine auto made concrete once, here: every role and record reads this spec
+        spec = with_resolved_engine(spec)
         self.spec, self.backend, self.device = spec, backend, device
         preflight(spec, local=backend == "local" and device is None)
         self.output_dir = Path(spec.trainer.output_dir)

@@ -46,8 +46,9 @@ What each engine keeps (P parameters, D = `spec.data_parallel_size` devices, b t
 
 Phases. Memory is added up per phase, and the peak is the largest phase: `load` (roles build
 their models), `rollout` (native generation: static KV cache, the fast decoder's packed
-weights; with `rollout.engine: vllm`, vLLM's weights and KV cache, which on an accelerator take
-`rollout.gpu_memory_utilization` of the device in this phase only, vLLM sleeping in the
+weights; with `rollout.engine: vllm`, and with `auto` on gpu and npu (`planned_engine`: the run
+takes vLLM there where it is importable), vLLM's weights and KV cache, which on an accelerator
+take `rollout.gpu_memory_utilization` of the device in this phase only, vLLM sleeping in the
 others), `log-probs` (the reference, old log-probs and values stages run at once),
 `backward` (actor and critic updates run at once) and `step` (gradient reduction and AdamW).
 The rollout generates the larger of a training batch and, when `trainer.eval_every` is set, a
@@ -104,7 +105,7 @@ from typing import Any
 
 from rl_core.errors import InputError
 from rl_core.models.presets import TINY_PREFIX, get_size  # torch-free
-from rl_core.spec import RunSpec
+from rl_core.spec import RunSpec, planned_engine
 
 GIB = 2**30
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -438,7 +439,7 @@ def setup_of(spec: RunSpec) -> Setup:
         entropy=spec.actor.entropy_coeff > 0,
         cache_float32=spec.resources.device_type == "cpu" or spec.model.dtype == "float32",
         device_type=spec.resources.device_type, dynamic_bsz=spec.actor.use_dynamic_bsz,
-        rollout_engine=spec.rollout.engine,
+        rollout_engine=planned_engine(spec),
         gpu_memory_utilization=spec.rollout.gpu_memory_utilization,
         max_model_len=vllm_max_model_len(spec),
         master_weights=spec.actor.master_weights,

@@ -94,8 +94,8 @@ class DPOTrainer:
             raise InputError(f"algorithm: {spec.algorithm} is not trained by the DPO recipe; "
                              "use dpo (grpo, dapo, ppo: rl_core.recipes.rl)")
         spec = with_warm_start(spec)  # tiny:small-addition: its folder, made on first use
-        self.spec = spec
         self.ctl = Controller(spec, backend=backend, device=device)
+        self.spec = spec = self.ctl.spec  # with rollout.engine auto made concrete
         self.tokenizer = self.ctl.tokenizer
         self.pairs: Pairs | None = None
         self.prompts: Prompts | None = None

@@ -80,8 +80,8 @@ class RLTrainer:
             raise InputError(f"algorithm: {spec.algorithm} is not trained by the RL recipe; "
                              "use grpo, dapo or ppo (dpo: rl_core.recipes.dpo)")
         spec = with_warm_start(spec)  # tiny:small-addition: its folder, made on first use
-        self.spec = spec
         self.ctl = Controller(spec, backend=backend, device=device)
+        self.spec = spec = self.ctl.spec  # with rollout.engine auto made concrete
         self.tokenizer = self.ctl.tokenizer
         self.train, self.val = self.ctl.load_prompts()
         adv = spec.advantage

@@ -31,7 +31,7 @@ from rl_core.models.loading import load_from_spec
 from rl_core.precision import PrecisionPlan, StageDumper, update_data
 from rl_core.profiling import ProfilePlan, StageProfiler
 from rl_core.rewards import RewardComposer
-from rl_core.rollout import rollout_engine
+from rl_core.rollout import rollout_engine, with_engine
 from rl_core.rollout.sampling import SamplingParams
 from rl_core.spec import RunSpec
 from rl_core.tracking import Tracker, log_tool_files, make_tracker, memory_metrics
@@ -41,6 +41,11 @@ log = logging.getLogger("rl_core")
 
 class SFTTrainer:
     def __init__(self, spec: RunSpec, *, device: str = "cpu", tracker: Tracker | None = None):
+        if spec.rollout.engine == "vllm":
+            raise InputError("rollout.engine: SFT validates with the native engine over the "
+                             "model it trains; set rollout.engine: native or auto (not 'vllm') "
+                             "for python -m rl_core sft")
+        spec = with_engine(spec, "native")  # auto too: SFT never generates with vLLM
         self.spec, self.device = spec, device
         self.output_dir = Path(spec.trainer.output_dir)
         seed_everything(spec.seed, spec.trainer.deterministic)
@@ -60,10 +65,6 @@ class SFTTrainer:
         self.total_steps = spec.trainer.total_steps or self.loader.total_steps
         self.engine = training_engine(spec.actor.strategy).from_spec(
             self.model, spec.actor, self.total_steps, spec.model.dtype, device)
-        if spec.rollout.engine != "native":
-            raise InputError("rollout.engine: SFT validates with the native engine over the "
-                             f"model it trains; set rollout.engine: native (not "
-                             f"{spec.rollout.engine!r}) for python -m rl_core sft")
         self.rollout = rollout_engine("native").from_spec(self.model, self.tokenizer, spec, device)
         self.sampling = SamplingParams.from_config(spec.rollout)
         self.rewards = RewardComposer.from_config(spec.reward)

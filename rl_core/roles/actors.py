@@ -35,7 +35,7 @@ from rl_core.engines.train import PARAM_DTYPES, TrainEngine, ValueHead, batch_op
 from rl_core.errors import NonFiniteError, TrainingStopped
 from rl_core.models.loading import load_model_and_tokenizer
 from rl_core.roles.group import Worker
-from rl_core.rollout import rollout_engine
+from rl_core.rollout import rollout_engine, with_resolved_engine
 from rl_core.rollout.sampling import SamplingParams, draw_uniforms
 from rl_core.spec import RunSpec
 
@@ -140,7 +140,8 @@ class ActorWorker(TrainedRole):
                  sampling: SamplingParams, rank: int = 0, world_size: int = 1,
                  device: str | None = None, model=None, tokenizer=None):
         super().__init__(rank, world_size)
-        self.spec = spec
+        # the controller hands a concrete rollout.engine; one built directly resolves auto here
+        self.spec = spec = with_resolved_engine(spec)
         self.device = role_device(spec, device)
         seed_everything(spec.seed, spec.trainer.deterministic)
         if model is None:

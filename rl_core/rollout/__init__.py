@@ -6,23 +6,74 @@
     vllm.py       VLLMRolloutEngine: vLLM in process
     base.py       the RolloutEngine Protocol the roles call
 
-Engines are chosen by `rollout.engine`:
+Engines are chosen by `rollout.engine`, `auto` made concrete once where the run starts:
 
+    spec = with_resolved_engine(spec)              # auto: vllm on gpu/npu if importable, or native
     rollout_class = rollout_engine("native")       # rl_core.rollout.native.NativeRolloutEngine
     rollout_class = rollout_engine("vllm")         # rl_core.rollout.vllm.VLLMRolloutEngine
 """
 
 from __future__ import annotations
 
+import importlib.util
+import logging
+from collections.abc import Callable
 from typing import Any
 
 from rl_core.engines import load_engine
+from rl_core.spec import RolloutConfig, RunSpec, planned_engine
+
+log = logging.getLogger("rl_core")
 
 # name -> "module:class"; imported on first use (they import torch and their backends)
 ROLLOUT_ENGINES = {"native": "rl_core.rollout.native:NativeRolloutEngine",
                    "vllm": "rl_core.rollout.vllm:VLLMRolloutEngine"}
 
+# the rollout settings only vLLM reads, back at their defaults when a run takes the native engine
+VLLM_SETTINGS = ("gpu_memory_utilization", "max_model_len")
+
 
 def rollout_engine(name: str) -> Any:
     """The rollout engine class of `rollout.engine`."""
     return load_engine(ROLLOUT_ENGINES, name, "rollout.engine")
+
+
+def vllm_available() -> bool:
+    """Whether vLLM is importable here (found on the path, not imported: that takes seconds)."""
+    return importlib.util.find_spec("vllm") is not None
+
+
+def resolve_engine(spec: RunSpec, vllm_importable: Callable[[], bool] | None = None) -> str:
+    """The rollout engine a run of `spec` takes on this host, "native" or "vllm": `auto` is vLLM
+    on gpu and npu when `vllm_importable()` says so (default: `vllm_available`), else the
+    native engine, and the native engine on cpu whatever vLLM is; the others are themselves."""
+    planned = planned_engine(spec)
+    if spec.rollout.engine != "auto" or planned == "native":
+        return planned
+    return "vllm" if (vllm_importable or vllm_available)() else "native"
+
+
+def with_engine(spec: RunSpec, engine: str) -> RunSpec:
+    """`spec` with `rollout.engine` set to `engine`; with the native engine, vLLM's settings
+    (which `auto` on gpu and npu may carry) go back to their defaults, so the spec still passes
+    its rules and is saved as it runs."""
+    update: dict[str, Any] = {"engine": engine}
+    if engine == "native":
+        defaults = RolloutConfig()
+        update.update({name: getattr(defaults, name) for name in VLLM_SETTINGS})
+    return spec.model_copy(update={"rollout": spec.rollout.model_copy(update=update)})
+
+
+def with_resolved_engine(spec: RunSpec,
+                         vllm_importable: Callable[[], bool] | None = None) -> RunSpec:
+    """`spec` with `rollout.engine: auto` made concrete by `resolve_engine`, logging the choice
+    and why; the same spec when it names its engine."""
+    if spec.rollout.engine != "auto":
+        return spec
+    engine = resolve_engine(spec, vllm_importable)
+    if spec.resources.device_type == "cpu":
+        why = "cpu"
+    else:
+        why = "importable on this host" if engine == "vllm" else "vLLM is not importable here"
+    log.info("rollout.engine auto: %s (%s)", engine, why)
+    return with_engine(spec, engine)

@@ -43,6 +43,7 @@ from rl_core.engines.base import WeightBucket
 from rl_core.errors import InputError, StaleWeightsError
 from rl_core.memory_plan import VLLM_CPU_MAX_SEQS as CPU_MAX_SEQS
 from rl_core.memory_plan import vllm_cpu_kv_tokens, vllm_max_model_len
+from rl_core.rollout import vllm_available
 
 # The engine runs in the calling process: weights stream into it without a copy per sync, and
 # `apply_model` reaches the model object.
@@ -61,12 +62,6 @@ def import_vllm() -> Any:
         raise InputError(f"rollout.engine: vllm needs vLLM, which is not importable here "
                          f"({exc}); {INSTALL_HINT}, or set rollout.engine: native") from None
     return vllm
-
-
-def vllm_available() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("vllm") is not None
 
 
 class VLLMRolloutEngine:

@@ -4,9 +4,9 @@
 with it, the UI builds its form from its JSON Schema, the docs list its fields and the trainer
 reads it. This package imports only pydantic, PyYAML and the standard library, so the web process
 can validate a spec without torch. Its modules: limits (bounds and shared pieces), sections
-(one model per section), rules (NOT_IMPLEMENTED and the cross-field rules), model (RunSpec),
-presets, loading (YAML, overrides, resolution, SpecError, JSON Schema) and reference (the
-Markdown reference); every name is importable from `rl_core.spec`.
+(one model per section), rules (NOT_IMPLEMENTED, the cross-field rules and planned_engine),
+model (RunSpec), presets, loading (YAML, overrides, resolution, SpecError, JSON Schema) and
+reference (the Markdown reference); every name is importable from `rl_core.spec`.
 
 A spec is resolved in three steps (`resolve_spec`): dotted overrides are applied to the user's
 mapping, the algorithm's preset fills what the user left out, and the model validates field
@@ -87,7 +87,13 @@ from rl_core.spec.sections import (
 )
 from rl_core.spec.model import RunSpec, SpecRuleViolation, flatten_params
 from rl_core.spec.presets import PRESETS
-from rl_core.spec.rules import NOT_IMPLEMENTED, RULES, not_implemented_note, refusals
+from rl_core.spec.rules import (
+    NOT_IMPLEMENTED,
+    RULES,
+    not_implemented_note,
+    planned_engine,
+    refusals,
+)
 from rl_core.spec.loading import (
     SpecError,
     apply_overrides,
@@ -178,6 +184,7 @@ __all__ = [
     "override_refusal",
     "parse_spec_yaml",
     "plain_text_problem",
+    "planned_engine",
     "refusals",
     "resolve_spec",
     "scan",

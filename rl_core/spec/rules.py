@@ -1,6 +1,7 @@
 """What a valid spec must also satisfy: values not implemented yet (`NOT_IMPLEMENTED`, refused
 at their field before anything else) and the cross-field rules (`RULES`); each yields (field
-path, message) and its docstring is listed in the generated reference."""
+path, message) and its docstring is listed in the generated reference. `planned_engine` is the
+rollout engine the rules and the memory plan take `rollout.engine: auto` for."""
 
 from __future__ import annotations
 
@@ -376,15 +377,28 @@ def _rule_master_weights(s: RunSpec) -> Iterator[Violation]:
                "actor.strategy=torch for pure bfloat16")
 
 
+def planned_engine(spec: RunSpec) -> str:
+    """The rollout engine a run of `spec` is planned with before the host that starts it is
+    known, "native" or "vllm": `auto` is vLLM on gpu and npu (where the run takes it if vLLM is
+    importable there) and the native engine on cpu; `native` and `vllm` are themselves."""
+    engine = spec.rollout.engine
+    if engine != "auto":
+        return engine
+    return "native" if spec.resources.device_type == "cpu" else "vllm"
+
+
 def _rule_rollout_engine(s: RunSpec) -> Iterator[Violation]:
-    """vLLM's settings only with `rollout.engine: vllm`; its memory share only on accelerators;
-    its length fits a prompt and a response; the IS cap only with IS on."""
+    """vLLM's settings only with `rollout.engine: vllm`, or `auto` on gpu and npu (on cpu it is
+    the native engine); its memory share only on accelerators; its length fits a prompt and a
+    response; the IS cap only with IS on."""
     r = s.rollout
     defaults = RolloutConfig()
-    if r.engine != "vllm":
+    if planned_engine(s) != "vllm":
+        why = " and rollout.engine=auto is the native engine on cpu" if r.engine == "auto" else ""
         for name in ("gpu_memory_utilization", "max_model_len"):
             if getattr(r, name) != getattr(defaults, name):
-                yield (f"rollout.{name}", "is a vLLM setting: set rollout.engine=vllm or remove it")
+                yield (f"rollout.{name}",
+                       f"is a vLLM setting{why}: set rollout.engine=vllm or remove it")
     elif (s.resources.device_type == "cpu"
           and r.gpu_memory_utilization != defaults.gpu_memory_utilization):
         yield ("rollout.gpu_memory_utilization", "on cpu vLLM's KV cache is sized for its "

@@ -120,11 +120,14 @@ class DataConfig(Strict):
 class RolloutConfig(Strict):
     """Response generation. `tensor_parallel_size` here is the inference layout."""
 
-    engine: Literal["native", "vllm"] = Field(
-        "native",
-        description="`native` generates with the training weights in the same process; "
-        "`vllm` with an in-process vLLM engine on each actor rank (vllm-ascend on Ascend, "
-        "vLLM's CPU build on cpu), synced from the training engine after every update.",
+    engine: Literal["auto", "native", "vllm"] = Field(
+        "auto",
+        description="`native` generates with the training weights in the same process (no "
+        "second copy of them); `vllm` with an in-process vLLM engine on each actor rank "
+        "(vllm-ascend on Ascend, vLLM's CPU build on cpu), synced from the training engine "
+        "after every update; `auto` is `vllm` on gpu and npu when vLLM is importable on the "
+        "host that starts the run, else `native`, and always `native` on cpu (the memory plan "
+        "counts vLLM's share on gpu and npu).",
     )
     n_samples_per_prompt: int = Field(
         4,

@@ -15,14 +15,17 @@ pytestmark = pytest.mark.django_db
 
 
 def big_spec(strategy: str = "torch", device_type: str = "npu",
-             path: str = "/models/Qwen2.5-7B-Instruct", master_weights: bool = True) -> dict:
-    """A 7B GRPO spec on 8 devices: the plain engine needs about 85 GiB per device in pure
-    bfloat16, more with float32 master weights (the default)."""
+             path: str = "/models/Qwen2.5-7B-Instruct", master_weights: bool = True,
+             engine: str | None = "native") -> dict:
+    """A 7B GRPO spec on 8 devices: the plain engine with the native rollout needs about 85 GiB
+    per device in pure bfloat16, more with float32 master weights (the default). `engine`
+    None leaves `rollout.engine` at its default (auto: planned as vLLM on gpu and npu)."""
+    rollout = {"n_samples_per_prompt": 8, **({"engine": engine} if engine else {})}
     return {"algorithm": "grpo", "model": {"path": path, "dtype": "bfloat16"},
             "actor": {"strategy": strategy, "master_weights": master_weights},
             "resources": {"device_type": device_type, "devices_per_node": 8},
             "data": {"synthetic": {"task": "addition"}, "train_batch_size": 16},
-            "rollout": {"n_samples_per_prompt": 8}}
+            "rollout": rollout}
 
 
 def gpu_cluster(name: str, model: str) -> Cluster:
@@ -86,14 +89,22 @@ def test_unpinned_it_plans_on_the_largest_device_of_any_cluster_of_the_kind(clie
 
 def test_vllms_cache_is_what_it_takes_of_the_device_it_would_get(clients):
     gpu_cluster("gpu-h100", "nvidia-h100")
-    spec = big_spec(device_type="gpu")
-    spec["rollout"]["engine"] = "vllm"
+    spec = big_spec(device_type="gpu", engine="vllm")
     plan = validate(clients["viewer"], spec).json()["memory_plan"]
     cache = {c["name"]: c["bytes"] for c in plan["components"]}["vLLM KV cache"]
     weights = {c["name"]: c["bytes"] for c in plan["components"]}["vLLM weights"]
     # rollout.gpu_memory_utilization (0.5) of the H100's 80 GiB, less vLLM's own weights: the
     # same figure `python -m rl_core plan --device-memory-gb 80` prints
     assert cache == int(0.5 * 80 * GIB) - weights
+
+
+@pytest.mark.parametrize("device_type", ["gpu", "npu"])
+def test_the_default_engine_is_planned_as_vllm_on_accelerators(clients, device_type):
+    gpu_cluster("gpu-h100", "nvidia-h100")
+    auto, vllm = (validate(clients["viewer"], big_spec(device_type=device_type, engine=engine))
+                  .json()["memory_plan"] for engine in (None, "vllm"))
+    assert auto == vllm
+    assert "vLLM KV cache" in {c["name"] for c in auto["components"]}
 
 
 def test_without_registered_devices_an_npu_counts_as_a_910b(clients):

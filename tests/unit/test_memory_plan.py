@@ -232,7 +232,8 @@ def test_kv_cache_and_logits_bytes_by_hand():
     spec = small_spec(model={"dtype": "bfloat16"}, resources={"device_type": "gpu"},
                       data={"synthetic": {"task": "addition"}, "train_batch_size": 4,
                             "val_batch_size": 2, "max_prompt_length": 100},
-                      rollout={"n_samples_per_prompt": 4, "max_new_tokens": 20})
+                      rollout={"engine": "native", "n_samples_per_prompt": 4,
+                               "max_new_tokens": 20})
     parts = by_name(mp.plan(spec, SMALL))
     # rows 4 prompts × 4 = 16; length 120 rounded up to 128; per token keys and values of
     # 2 layers × 1 kv head × head_dim 4 × 2 bytes = 32
@@ -246,7 +247,8 @@ def test_kv_cache_and_logits_bytes_by_hand():
 
 def test_the_fast_decoder_copies_every_projection_on_cpu_and_the_fused_ones_elsewhere():
     gpu, cpu = (by_name(mp.plan(small_spec(model={"dtype": "bfloat16"},
-                                           resources={"device_type": kind}), SMALL))
+                                           resources={"device_type": kind},
+                                           rollout={"engine": "native"}), SMALL))
                 for kind in ("gpu", "cpu"))
     # per layer q/k/v and gate/up outputs 8 + 2·4 + 2·16 = 48, weights and biases (8 + 1)·48;
     # two layers in bfloat16

@@ -450,9 +450,18 @@ def test_vllm_settings_need_the_vllm_engine_and_an_accelerator_for_the_share():
     for field, value in (("rollout.gpu_memory_utilization", "0.7"),
                          ("rollout.max_model_len", "512")):
         with pytest.raises(SpecError) as caught:
-            resolve_spec(raw, [f"{field}={value}"])
+            resolve_spec(raw, ["rollout.engine=native", f"{field}={value}"])
         assert caught.value.errors == [{"field": field, "message": "is a vLLM setting: set "
                                         "rollout.engine=vllm or remove it"}]
+        with pytest.raises(SpecError) as caught:  # auto, the default, is native on cpu
+            resolve_spec(raw, [f"{field}={value}"])
+        assert caught.value.errors == [{"field": field, "message": "is a vLLM setting and "
+                                        "rollout.engine=auto is the native engine on cpu: set "
+                                        "rollout.engine=vllm or remove it"}]
+        for kind in ("gpu", "npu"):  # where auto may take vLLM
+            spec = resolve_spec({**raw, "resources": {"device_type": kind}}, [f"{field}={value}"])
+            assert (spec.rollout.engine, str(getattr(spec.rollout, field.split(".")[1]))) == (
+                "auto", value)
     with pytest.raises(SpecError) as caught:
         resolve_spec(raw, ["rollout.engine=vllm", "rollout.gpu_memory_utilization=0.7"])
     assert [e["field"] for e in caught.value.errors] == ["rollout.gpu_memory_utilization"]
