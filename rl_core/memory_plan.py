@@ -47,7 +47,8 @@ What each engine keeps (P parameters, D = `spec.data_parallel_size` devices, b t
 Phases. Memory is added up per phase, and the peak is the largest phase: `load` (roles build
 their models), `rollout` (native generation: static KV cache, the fast decoder's packed
 weights; with `rollout.engine: vllm`, and with `auto` on gpu and npu (`planned_engine`: the run
-takes vLLM there where it is importable), vLLM's weights and KV cache, which on an accelerator
+takes vLLM there where it is importable, and the native engine where vLLM's share would not fit
+beside training and the native engine's does), vLLM's weights and KV cache, which on an accelerator
 take `rollout.gpu_memory_utilization` of the device in this phase only, vLLM sleeping in the
 others), `log-probs` (the reference, old log-probs and values stages run at once),
 `backward` (actor and critic updates run at once) and `step` (gradient reduction and AdamW).
@@ -408,6 +409,8 @@ class Setup:
     dynamic_bsz: bool
     attention: str = "sdpa"
     rollout_engine: str = "native"
+    # `rollout.engine: auto`: vLLM where its share fits beside training, else the native engine
+    engine_auto: bool = False
     gpu_memory_utilization: float = 0.5
     max_model_len: int = 0
     device_memory_bytes: int | None = None
@@ -439,7 +442,7 @@ def setup_of(spec: RunSpec) -> Setup:
         entropy=spec.actor.entropy_coeff > 0,
         cache_float32=spec.resources.device_type == "cpu" or spec.model.dtype == "float32",
         device_type=spec.resources.device_type, dynamic_bsz=spec.actor.use_dynamic_bsz,
-        rollout_engine=planned_engine(spec),
+        rollout_engine=planned_engine(spec), engine_auto=spec.rollout.engine == "auto",
         gpu_memory_utilization=spec.rollout.gpu_memory_utilization,
         max_model_len=vllm_max_model_len(spec),
         master_weights=spec.actor.master_weights,
@@ -599,9 +602,16 @@ def plan(spec: RunSpec, shape: ModelShape | None = None,
 
 def plan_setup(setup: Setup, shape: ModelShape, device_memory_bytes: int | None,
                model: str = "") -> MemoryPlan:
-    """The plan of a `Setup` (what `plan` does after reading the spec)."""
+    """The plan of a `Setup` (what `plan` does after reading the spec). With `rollout.engine:
+    auto` planned as vLLM, the native engine's plan when vLLM's share would not fit and the
+    native engine's does (a run then takes the native engine: `rl_core.rollout.resolve_engine`)."""
     result = MemoryPlan(model, shape.parameters, setup, tuple(components(setup, shape)),
                         device_memory_bytes)
+    if result.fits is False and setup.engine_auto and setup.rollout_engine == "vllm":
+        native = dataclasses.replace(setup, rollout_engine="native")
+        fallback = plan_setup(native, shape, device_memory_bytes, model)
+        if fallback.fits:
+            return fallback
     if result.fits is False:
         result = dataclasses.replace(result, alternatives=tuple(
             _alternatives(setup, shape, device_memory_bytes)))

@@ -45,12 +45,28 @@ def vllm_available() -> bool:
 
 def resolve_engine(spec: RunSpec, vllm_importable: Callable[[], bool] | None = None) -> str:
     """The rollout engine a run of `spec` takes on this host, "native" or "vllm": `auto` is vLLM
-    on gpu and npu when `vllm_importable()` says so (default: `vllm_available`), else the
-    native engine, and the native engine on cpu whatever vLLM is; the others are themselves."""
+    on gpu and npu when `vllm_importable()` says so (default: `vllm_available`) and, by the
+    memory plan, its share of the device fits beside training or the native engine's rollout
+    would not fit either; else the native engine, and the native engine on cpu whatever vLLM
+    is; the others are themselves."""
     planned = planned_engine(spec)
     if spec.rollout.engine != "auto" or planned == "native":
         return planned
-    return "vllm" if (vllm_importable or vllm_available)() else "native"
+    if not (vllm_importable or vllm_available)():
+        return "native"
+    return _fitting_engine(spec)
+
+
+def _fitting_engine(spec: RunSpec) -> str:
+    """vLLM, unless by the memory plan its share of the device would not fit beside training
+    where the native engine's rollout does (the plan then is the native engine's)."""
+    from rl_core.errors import InputError
+    from rl_core.memory_plan import plan
+
+    try:
+        return plan(spec).setup.rollout_engine
+    except InputError:  # a model whose shape is unknown here: no plan, no reason against vLLM
+        return "vllm"
 
 
 def with_engine(spec: RunSpec, engine: str) -> RunSpec:
@@ -70,10 +86,15 @@ def with_resolved_engine(spec: RunSpec,
     and why; the same spec when it names its engine."""
     if spec.rollout.engine != "auto":
         return spec
-    engine = resolve_engine(spec, vllm_importable)
+    importable = (vllm_importable or vllm_available)()
+    engine = resolve_engine(spec, lambda: importable)
     if spec.resources.device_type == "cpu":
         why = "cpu"
+    elif engine == "vllm":
+        why = "importable on this host"
+    elif not importable:
+        why = "vLLM is not importable here"
     else:
-        why = "importable on this host" if engine == "vllm" else "vLLM is not importable here"
+        why = "by the memory plan vLLM's share of the device does not fit beside training"
     log.info("rollout.engine auto: %s (%s)", engine, why)
     return with_engine(spec, engine)

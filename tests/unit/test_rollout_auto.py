@@ -92,7 +92,10 @@ def test_auto_resolved_to_native_drops_vllms_settings_and_stays_a_valid_spec():
 
 
 def plan_dict(s: RunSpec) -> dict:
-    return mp.plan(s, mp.tiny_shape("nano"), 80 * mp.GIB).to_dict()
+    """The plan, less the one line that says the spec asked for auto."""
+    plan = mp.plan(s, mp.tiny_shape("nano"), 80 * mp.GIB).to_dict()
+    assert plan["setup"].pop("engine_auto") == (s.rollout.engine == "auto")
+    return plan
 
 
 def test_the_plan_of_auto_on_a_gpu_is_the_plan_of_vllm():
@@ -127,3 +130,29 @@ def test_sft_takes_auto_as_the_native_engine_and_refuses_vllm(tmp_path):
     trainer = SFTTrainer(spec("gpu", str(tmp_path), gpu_memory_utilization=0.7))
     assert trainer.spec.rollout.engine == "native"
     assert type(trainer.rollout).__name__ == "NativeRolloutEngine"
+
+
+# --------------------------------------------------------------------------- auto and memory
+
+
+def test_the_plan_of_auto_is_the_native_engines_where_only_that_fits():
+    """vLLM taking 95 % of the device leaves training no room; the native engine's rollout
+    fits: auto is planned (and run) with the native engine, a named vllm is not."""
+    greedy = spec("gpu", gpu_memory_utilization=0.95)
+    auto = mp.plan(greedy, mp.tiny_shape("nano"), 80 * mp.GIB)
+    named = mp.plan(spec("gpu", engine="vllm", gpu_memory_utilization=0.95),
+                    mp.tiny_shape("nano"), 80 * mp.GIB)
+    assert (auto.setup.rollout_engine, auto.fits) == ("native", True)
+    assert (named.setup.rollout_engine, named.fits) == ("vllm", False)
+    assert "vLLM KV cache" not in {c.name for c in auto.components}
+
+
+def test_auto_runs_the_native_engine_where_vllms_share_would_not_fit(caplog):
+    caplog.set_level(logging.INFO, logger="rl_core")
+    greedy = spec("npu", gpu_memory_utilization=0.95)  # an NPU plans as a 64 GB 910B
+    assert resolve_engine(greedy, IMPORTABLE) == "native"
+    assert resolve_engine(spec("npu", gpu_memory_utilization=0.6), IMPORTABLE) == "vllm"
+    assert with_resolved_engine(greedy, IMPORTABLE).rollout.engine == "native"
+    assert caplog.records[-1].getMessage() == ("rollout.engine auto: native (by the memory plan "
+                                               "vLLM's share of the device does not fit beside "
+                                               "training)")
