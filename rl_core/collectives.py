@@ -7,7 +7,8 @@ at the first step on a GPU or an NPU. So every reduction in rl_core goes through
 it puts the tensor where the group's backend takes it (`placement`, a pure function tested for
 every backend on any host), in a dtype that backend has, reduces it and hands back a tensor on
 the caller's device in the caller's dtype. `reduce_numbers` does the same for a few Python
-numbers in one call (integers as int64, exact; other numbers as float32).
+numbers in one call (integers as int64, exact; other numbers as float32); `all_to_all` and
+`all_gather` move tensors the same way (context parallelism's exchanges).
 tests/unit/test_layout.py fails on a collective called anywhere else in rl_core.
 """
 
@@ -90,3 +91,29 @@ def reduce_numbers(values: Sequence[int | float], group: dist.ProcessGroup | Non
                           device=where)
     dist.all_reduce(tensor, op=op, group=group)
     return tensor.tolist()
+
+
+def _on_wire(tensor: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+    """`tensor` where, and in the dtype, the group's backend moves it (itself when it is)."""
+    where, wire = placement(dist.get_backend(group), tensor.device, tensor.dtype)
+    if where == str(tensor.device) and tensor.dtype == wire:
+        return tensor.contiguous()
+    return tensor.to(device=where, dtype=wire).contiguous()
+
+
+def all_to_all(tensor: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """Exchange the pieces of `tensor` (world, ...) over `group`: piece i goes to rank i, and
+    piece j of the result came from rank j. On the caller's device and dtype."""
+    sent = _on_wire(tensor, group)
+    got = torch.empty_like(sent)
+    dist.all_to_all_single(got, sent, group=group)
+    return got.to(device=tensor.device, dtype=tensor.dtype)
+
+
+def all_gather(tensor: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """Every rank's `tensor` (all of one shape), stacked in rank order: (world, ...). On the
+    caller's device and dtype."""
+    sent = _on_wire(tensor, group)
+    got = [torch.empty_like(sent) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(got, sent, group=group)
+    return torch.stack(got).to(device=tensor.device, dtype=tensor.dtype)

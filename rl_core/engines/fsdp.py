@@ -30,6 +30,9 @@ from rl_core.engines.train import PARAM_DTYPES, TrainEngine, engine_options
 from rl_core.errors import InputError
 
 
+_MESH = object()  # FSDP2Engine's default data-parallel group: the mesh's
+
+
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The decoder layers to shard one by one (`model.model.layers` of a Hugging Face causal LM
     or token classifier); an InputError when the model has none there."""
@@ -66,10 +69,13 @@ class FSDP2Engine:
 
     def __init__(self, model: torch.nn.Module, *, mesh: Any, param_dtype: str = "float32",
                  reshard_after_forward: bool = True, offload_param: bool = False,
-                 **options: Any) -> None:
+                 cp_group: Any = None, dp_group: Any = _MESH, **options: Any) -> None:
         """`offload_param`: parameter, gradient and optimizer-state shards live in host memory
         and AdamW steps there (FSDP2's CPUOffloadPolicy); each unit comes to the device for its
-        forward and backward. `options`: those of `TrainEngine`."""
+        forward and backward. `cp_group`: context parallelism (`TrainEngine`'s) over some of
+        the mesh's ranks, which then hold the same rows: `dp_group` is the group of the ranks
+        with different rows (None: one), by default the whole mesh. `options`: those of
+        `TrainEngine`."""
         if param_dtype not in PARAM_DTYPES:
             raise ValueError(f"param_dtype {param_dtype!r} is not supported; use float32 or bfloat16")
         self.mesh = mesh
@@ -80,8 +86,10 @@ class FSDP2Engine:
         shard_model(model, mesh, param_dtype, reshard_after_forward, offload=offload_param)
         if offload_param:  # the moments are already in host memory, next to the shards
             options["offload_optimizer"] = False
-        self.inner = TrainEngine(model, device=device, dp_group=mesh.get_group(), sharded=True,
-                                 **options)
+        if dp_group is _MESH:
+            dp_group = mesh.get_group()
+        self.inner = TrainEngine(model, device=device, dp_group=dp_group, cp_group=cp_group,
+                                 sharded=True, **options)
 
     @classmethod
     def frozen(cls, model: torch.nn.Module, *, mesh: Any, param_dtype: str = "float32",

@@ -44,6 +44,7 @@ a (K,) result back to the (b, R) response layout, 0 in the response's padding.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.util
 import inspect
@@ -80,8 +81,27 @@ def varlen_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
     given: one variable-length kernel call where the device has one (`packed_kernel`), else
     the rows grouped by length (`row_group_attention`).
 
-    query (1, H, N, D), key and value (1, Hkv, N, D) -> (1, N, H, D), as sdpa returns.
+    query (1, H, N, D), key and value (1, Hkv, N, D) -> (1, N, H, D), as sdpa returns. In a
+    `context_parallel` forward this rank holds N / size of the tokens: `ulysses_attention`
+    runs it on the whole sequence for a share of the heads.
     """
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from rl_core.engines.context import active_group, ulysses_attention
+
+    group = active_group()
+    if group is not None and cu_seq_lens_q is not None:
+        return ulysses_attention(varlen_sdpa_whole, module, query, key, value, group,
+                                 cu_seq_lens_q=cu_seq_lens_q, **kwargs)
+    return varlen_sdpa_whole(module, query, key, value, attention_mask,
+                             cu_seq_lens_q=cu_seq_lens_q, **kwargs)
+
+
+def varlen_sdpa_whole(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+                      value: torch.Tensor, attention_mask: torch.Tensor | None, *,
+                      cu_seq_lens_q: torch.Tensor | None = None, **kwargs: Any
+                      ) -> tuple[torch.Tensor, None]:
+    """`varlen_sdpa` over the whole sequence in this process."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     max_length = kwargs.pop("max_length_q", None)
@@ -298,6 +318,28 @@ class Packed:
     where: torch.Tensor
     slots: torch.Tensor
     attention: dict[str, Any] = field(default_factory=dict)
+    host_keep: torch.Tensor | None = None  # keep, on the host (what `shard` splits by)
+    counts: tuple[int, ...] = ()  # a shard's: the response tokens of each rank's share
+
+    def shard(self, rank: int, size: int) -> Packed:
+        """This rank's share of the packed tokens for context parallelism (`rl_core.engines.
+        context`): tokens [rank·N/size, (rank+1)·N/size) (N divisible by size: `pack`'s
+        `multiple_of`), the response positions among them (`keep` relative to the share,
+        `labels`), and `counts`, every rank's number of them; the boundaries of the rows and
+        `where`/`slots` stay the whole sequence's."""
+        n = self.input_ids.shape[1]
+        if n % size or self.host_keep is None or self.attention_mask is not None:
+            raise ValueError(f"a packed sequence of {n} tokens cannot be shared by {size} ranks: "
+                             "pack it with multiple_of=size and variable-length attention")
+        per = n // size
+        owner = torch.div(self.host_keep, per, rounding_mode="floor")
+        counts = tuple(torch.bincount(owner, minlength=size).tolist())
+        mine = slice(sum(counts[:rank]), sum(counts[:rank + 1]))
+        tokens = slice(rank * per, (rank + 1) * per)
+        return dataclasses.replace(
+            self, input_ids=self.input_ids[:, tokens], position_ids=self.position_ids[:, tokens],
+            keep=self.keep[mine] - rank * per, labels=self.labels[mine], host_keep=None,
+            counts=counts)
 
     def model_inputs(self) -> dict[str, Any]:
         """The keyword arguments of the model's forward for this packed sequence."""
@@ -318,12 +360,14 @@ def pack(
     *,
     attention: str = "sdpa",
     dtype: torch.dtype = torch.float32,
+    multiple_of: int = 1,
 ) -> Packed:
     """Pack the valid tokens of (b, T) rows whose last `response_len` columns are the response.
 
     Every row needs at least one valid token before its first valid response token (the
     prompt), which predicts it. `attention`: the model's implementation (`PACKED_ATTENTION`);
-    `dtype`: that of an additive mask (`eager`).
+    `dtype`: that of an additive mask (`eager`). `multiple_of`: the packed length is rounded up
+    to a multiple of it by a last row of filler tokens (context parallelism's equal shares).
     """
     if attention not in PACKED_ATTENTION:
         raise ValueError(f"packing needs one of {list(PACKED_ATTENTION)}, got {attention!r}")
@@ -340,27 +384,34 @@ def pack(
     slots = where.flatten().nonzero().squeeze(1)  # (K,) flat (b, R) positions of the responses
     targets = response_index.flatten()[slots]  # (K,) packed positions of the response tokens
     lengths = valid.sum(1)  # (b,)
+    filler = -n % multiple_of
+    if filler:  # a row of its own, attending to itself only; nothing reads its outputs
+        lengths = torch.cat([lengths, lengths.new_tensor([filler])])
     cu = F.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
     host = cu.tolist()  # the boundaries for every layer (no wait when the mask is on the host)
     longest = max(b - a for a, b in zip(host, host[1:]))
     device = input_ids.device
+    host_keep = targets - 1
     flat, targets, slots, where, cu = (
         t.to(device, non_blocking=True) for t in (flat, targets, slots, where, cu))
     packed_ids = input_ids.flatten().index_select(0, flat)  # (N,)
+    positions = position_ids.flatten().index_select(0, flat)
+    if filler:
+        packed_ids = torch.cat([packed_ids, packed_ids.new_zeros(filler)])
+        positions = torch.cat([positions, torch.arange(filler, device=device)])
     bounds = {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest,
               "max_length_k": longest}
     if attention in ("sdpa", VARLEN_SDPA):
         bounds[HOST_BOUNDS] = host
     mask = None
     if PACKED_ATTENTION[attention] == "additive-mask":
-        rows = torch.repeat_interleave(torch.arange(b, device=device), lengths.to(device),
-                                       output_size=n)  # (N,)
+        rows = torch.repeat_interleave(torch.arange(len(lengths), device=device),
+                                       lengths.to(device), output_size=n + filler)  # (N,)
         allowed = (rows[:, None] == rows[None, :]).tril()  # (N, N): same row, not after
         mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(
             ~allowed, torch.finfo(dtype).min)[None, None]
         bounds = {}
-    return Packed(input_ids=packed_ids[None],
-                  position_ids=position_ids.flatten().index_select(0, flat)[None],
+    return Packed(input_ids=packed_ids[None], position_ids=positions[None],
                   attention_mask=mask, keep=targets - 1,
                   labels=packed_ids.index_select(0, targets), where=where, slots=slots,
-                  attention=bounds)
+                  attention=bounds, host_keep=host_keep)

@@ -60,6 +60,12 @@ are then taken over the whole mini-batch (one all-reduce of the ranks' counts), 
 summed over the ranks before clipping (one flattened all-reduce), and the metrics are summed
 with the same shares, so every rank takes the same step, equal up to floating-point rounding
 to one rank stepping on the whole mini-batch.
+
+Context parallelism. With `cp_group` (and `remove_padding`), the ranks of that group hold the
+same rows and split each packed micro-batch's tokens (`rl_core.engines.context`, Ulysses): each
+computes the whole loss from the gathered log-probs, its parameter gradients are partial and
+are summed over the group (the plain engine's all-reduce; FSDP2 shards over the data- and
+context-parallel ranks together). `dp_group` then holds one rank of each context group's rows.
 """
 
 from __future__ import annotations
@@ -71,12 +77,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 from rl_core.algos.entropy import log_probs_from_logits
 from rl_core.collectives import all_reduce, reduce_numbers
 from rl_core.engines.balance import token_micro_batches
 from rl_core.engines.base import LossFn, WeightBucket
+from rl_core.engines.context import context_parallel, gather_shards
 from rl_core.engines.packing import Packed, attention_of, pack, prepare_packing
 from rl_core.errors import NonFiniteError
 
@@ -216,11 +224,12 @@ class LogProbHead:
 
     def packed(self, model, packed: Packed, temperature: float,
                with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The same on a packed micro-batch: logits of the K `packed.keep` positions only."""
+        """The same on a packed micro-batch, (K,) in packed order (`Packed.unpack` lays them
+        out): logits of the K `packed.keep` positions only."""
         out = model(**packed.model_inputs(), logits_to_keep=packed.keep)
         logprobs, entropy = token_logprobs(out.logits, packed.labels[None], temperature,
                                            with_entropy)  # (1, K)
-        return packed.unpack(logprobs[0]), (packed.unpack(entropy[0]) if with_entropy else None)
+        return logprobs[0], (entropy[0] if entropy is not None else None)
 
 
 class ValueHead:
@@ -235,9 +244,9 @@ class ValueHead:
 
     def packed(self, model, packed: Packed, temperature: float,
                with_entropy: bool) -> tuple[torch.Tensor, None]:
-        """The same on a packed micro-batch."""
+        """The same on a packed micro-batch, (K,) in packed order."""
         out = model(**packed.model_inputs())
-        return packed.unpack(out.logits[0, packed.keep, 0].float()), None
+        return out.logits[0, packed.keep, 0].float(), None
 
 
 # --------------------------------------------------------------------------- engine
@@ -271,6 +280,7 @@ class TrainEngine:
         trim_padding: bool = True,
         remove_padding: bool = False,
         dp_group: Any = None,
+        cp_group: Any = None,
         metric_prefix: str = METRIC_PREFIX,
         head: Callable[..., tuple[torch.Tensor, torch.Tensor | None]] | None = None,
         sharded: bool = False,
@@ -283,7 +293,8 @@ class TrainEngine:
         `trim_padding=False` keeps all-padding columns (for comparisons). `remove_padding`:
         forward passes on packed micro-batches (`rl_core.engines.packing`; an attention
         implementation that cannot confine attention to each row raises InputError). `dp_group`: the
-        data-parallel process group (see the module docstring); `metric_prefix` names the
+        data-parallel process group and `cp_group` the context-parallel one, which needs
+        `remove_padding` (see the module docstring); `metric_prefix` names the
         engine's own metrics (`actor/`, or `critic/` for a value model). `sharded`: the model's
         parameters are DTensors sharded by FSDP2 over `dp_group`, which reduces the gradients
         itself (see `rl_core.engines.fsdp`). `offload_optimizer`: AdamW's moments wait in host
@@ -310,7 +321,10 @@ class TrainEngine:
         if remove_padding:
             prepare_packing(self.model)
         self.remove_padding = remove_padding
-        self.dp_group, self.metric_prefix = dp_group, metric_prefix
+        if cp_group is not None and not remove_padding:
+            raise ValueError("context parallelism (cp_group) splits packed micro-batches: "
+                             "set remove_padding")
+        self.dp_group, self.cp_group, self.metric_prefix = dp_group, cp_group, metric_prefix
         self.head = head or LogProbHead()
         self.sharded = sharded
         self.offload_optimizer = offload_optimizer
@@ -400,11 +414,16 @@ class TrainEngine:
         if not 0 < response_len < width:
             raise ValueError(f"response_len must be in 1..{width - 1}, got {response_len}")
         if self.remove_padding:
+            size = 1 if self.cp_group is None else dist.get_world_size(self.cp_group)
             packed = pack(input_ids.to(self.device),
                           attention_mask if host_mask is None else host_mask,
                           position_ids.to(self.device), response_len,
-                          attention=attention_of(self.model), dtype=self.dtype)
-            return self.head.packed(self.model, packed, temperature, with_entropy)
+                          attention=attention_of(self.model), dtype=self.dtype, multiple_of=size)
+            if self.cp_group is None:
+                values, extra = self.head.packed(self.model, packed, temperature, with_entropy)
+            else:
+                values, extra = self._context_parallel(packed, size, temperature, with_entropy)
+            return packed.unpack(values), (packed.unpack(extra) if extra is not None else None)
         left, right = extents.window(rows, width, response_len) if self.trim_padding else (0, 0)
         cols = slice(left, width - right)
         keep = response_len - right  # response columns computed
@@ -416,6 +435,17 @@ class TrainEngine:
             logprobs = F.pad(logprobs, (0, right))
             entropy = F.pad(entropy, (0, right)) if entropy is not None else None
         return logprobs, entropy
+
+    def _context_parallel(self, packed: Packed, size: int, temperature: float,
+                          with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The head's (K,) values of `packed`, this rank computing its share of the tokens
+        and the group's pieces gathered (`rl_core.engines.context`)."""
+        local = packed.shard(dist.get_rank(self.cp_group), size)
+        with context_parallel(self.cp_group):
+            values, extra = self.head.packed(self.model, local, temperature, with_entropy)
+        values = gather_shards(values, local.counts, self.cp_group)
+        return values, (gather_shards(extra, local.counts, self.cp_group)
+                        if extra is not None else None)
 
     def _slices(
         self,
@@ -438,8 +468,6 @@ class TrainEngine:
         parameters in every forward and reduces gradients in every backward on all ranks
         together. A rank with fewer splits its widest micro-batches, then adds padding ones
         (None: a forward and backward on one row that counts for nothing)."""
-        import torch.distributed as dist
-
         if not slices:
             raise ValueError("a sharded engine needs at least one row on every rank: make the "
                              "batch sizes divisible by the number of devices")
@@ -519,6 +547,8 @@ class TrainEngine:
                 for name, value in metrics.items():
                     value = torch.as_tensor(value, device=self.device).detach().float()
                     totals[name] = totals.get(name, 0) + value * metric_share
+            if self.cp_group is not None and not self.sharded:  # partial sums of the group
+                self._all_reduce_gradients(self.cp_group)
             if self.dp_group is not None:
                 loss_sum, totals = self._all_reduce(loss_sum, totals)
             return self._apply(loss_sum, totals)
@@ -549,14 +579,16 @@ class TrainEngine:
         values = all_reduce(values, self.dp_group)
         return values[0], dict(zip(names, values[1:]))
 
-    def _all_reduce_gradients(self) -> None:
-        """One flattened all-reduce (sum) of every rank's full gradients."""
+    def _all_reduce_gradients(self, group: Any = None) -> None:
+        """One flattened all-reduce (sum) of every rank's full gradients over `group` (default
+        the data-parallel one)."""
+        group = group if group is not None else self.dp_group
         for param in self.stepped:
             if param.grad is None:  # a parameter no rank's loss reached still takes part
                 param.grad = torch.zeros_like(param)
         grads = [p.grad for p in self.stepped]
         flat = torch._utils._flatten_dense_tensors(grads)
-        flat = all_reduce(flat, self.dp_group)
+        flat = all_reduce(flat, group)
         for grad, summed in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
             grad.copy_(summed)
 

@@ -1,0 +1,132 @@
+"""Context parallelism, Ulysses style: a packed micro-batch's tokens split over the ranks of a
+context-parallel group, so a sequence longer than one device's activation memory still trains.
+
+    packed = pack(ids, mask, positions, response_len, multiple_of=size)   # N divisible by size
+    local = packed.shard(rank, size)                  # tokens [rank·N/size, (rank+1)·N/size)
+    with context_parallel(group):                     # the attention exchanges within `group`
+        out = model(**local.model_inputs(), logits_to_keep=local.keep)
+    logprobs = gather_shards(local_logprobs, local.counts, group)          # (K,), packed order
+
+Every rank of the group holds the same rows and runs every layer on its share of the packed
+tokens: embeddings, norms, projections, the MLP and the LM head are per token. Attention needs
+the whole sequence, so around it (`ulysses_attention`, entered from packing's `sdpa_varlen`
+while `context_parallel` is active) one all-to-all turns the query, key and value of
+(local tokens, all heads) into (all tokens, heads / size), the variable-length attention runs on
+the full packed sequence for those heads with its row boundaries, and a second all-to-all turns
+the output back. Key/value heads fewer than (or not divisible by) the group are repeated to the
+query heads first; query heads must divide by the size.
+
+Each rank computes the log-probs (entropy, values) of the response tokens predicted from its
+share; `gather_shards` puts the pieces together in packed order on every rank. Its backward
+hands each rank the gradient of its own piece only, the all-to-alls' backward exchanges the
+gradients of the keys and values, and the ranks' parameter gradients are partial sums: the
+engine adds them up over the group (the plain engine by an all-reduce, FSDP2 by sharding over
+the data- and context-parallel ranks together).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from rl_core.collectives import all_gather, all_to_all
+
+_GROUP: contextvars.ContextVar[Any] = contextvars.ContextVar("rl_core_context_group",
+                                                             default=None)
+
+
+@contextlib.contextmanager
+def context_parallel(group: Any) -> Iterator[None]:
+    """Within it, packed attention exchanges its tokens over `group` (see the module)."""
+    token = _GROUP.set(group)
+    try:
+        yield
+    finally:
+        _GROUP.reset(token)
+
+
+def active_group() -> Any:
+    """The context-parallel group of the forward now running, or None."""
+    return _GROUP.get()
+
+
+class _Exchange(torch.autograd.Function):
+    """All-to-all that splits dimension `scatter` over the group and joins the pieces received
+    along `gather`; its backward is the reverse exchange."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Any, scatter: int, gather: int) -> torch.Tensor:
+        ctx.group, ctx.scatter, ctx.gather = group, scatter, gather
+        return _exchange(x, group, scatter, gather)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        return _exchange(grad, ctx.group, ctx.gather, ctx.scatter), None, None, None
+
+
+def _exchange(x: torch.Tensor, group: Any, scatter: int, gather: int) -> torch.Tensor:
+    size = dist.get_world_size(group)
+    received = all_to_all(torch.stack(x.chunk(size, scatter)), group)  # (size, ...)
+    return torch.cat(received.unbind(0), gather)
+
+
+class _KeyValueGroups:
+    """A view of an attention module with another `num_key_value_groups` (the key and value
+    heads repeated before the exchange); every other attribute is the module's."""
+
+    def __init__(self, module: torch.nn.Module, groups: int) -> None:
+        self._module, self.num_key_value_groups = module, groups
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._module, name)
+
+
+def ulysses_attention(attend: Callable[..., tuple[torch.Tensor, Any]], module: torch.nn.Module,
+                      query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, group: Any,
+                      **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """`attend` (packed attention over the whole sequence) run on `group`'s shares of it.
+
+    query (1, H, n, D), key and value (1, Hkv, n, D) for this rank's n = N / size tokens ->
+    (1, n, H, D). `kwargs`: the whole sequence's row boundaries and the model's options."""
+    size = dist.get_world_size(group)
+    heads, kv_heads = query.shape[1], key.shape[1]
+    if heads % size:
+        raise ValueError(f"context parallelism (Ulysses) splits the attention heads over the "
+                         f"group: {heads} heads do not divide by {size} ranks")
+    if kv_heads % size:  # too few key/value heads to split: one per query head
+        repeats = heads // kv_heads
+        key, value = (x.repeat_interleave(repeats, 1) for x in (key, value))
+        module = _KeyValueGroups(module, 1)  # type: ignore[assignment]
+    query, key, value = (_Exchange.apply(x, group, 1, 2) for x in (query, key, value))
+    out, _ = attend(module, query, key, value, None, **kwargs)  # (1, N, H / size, D)
+    return _Exchange.apply(out, group, 1, 2), None
+
+
+class _GatherShards(torch.autograd.Function):
+    """The ranks' pieces (counts[r] values each) joined in rank order on every rank; backward:
+    each rank's piece of the gradient (every rank computes the same loss from the whole)."""
+
+    @staticmethod
+    def forward(ctx: Any, piece: torch.Tensor, counts: Sequence[int], group: Any) -> torch.Tensor:
+        rank = dist.get_rank(group)
+        ctx.span = (sum(counts[:rank]), sum(counts[:rank + 1]))
+        widest = max(counts)
+        padded = F.pad(piece, (0, widest - piece.shape[0]))
+        pieces = all_gather(padded, group)  # (size, widest)
+        return torch.cat([pieces[r, :count] for r, count in enumerate(counts)])
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        start, stop = ctx.span
+        return grad[start:stop], None, None
+
+
+def gather_shards(piece: torch.Tensor, counts: Sequence[int], group: Any) -> torch.Tensor:
+    """This rank's values (counts[rank],) and the others', joined: (sum(counts),)."""
+    return _GatherShards.apply(piece, list(counts), group)

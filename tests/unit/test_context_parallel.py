@@ -1,0 +1,173 @@
+"""Context parallelism (Ulysses) on two CPU ranks (gloo) equals one rank: the packed tokens of
+each micro-batch split over the ranks, attention exchanged by all-to-all, give the log-probs,
+entropy, values, metrics and weights of the plain engine on one rank, with the plain engine
+and with FSDP2 sharding over the same ranks; key/value heads too few to split are repeated;
+heads that do not divide are refused naming both numbers."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from test_fsdp_engine import OPTIONS, STEPS, batches, spawn
+from test_train_engine import R, ppo_loss_fn
+
+from rl_core.engines.packing import pack
+from rl_core.engines.train import TrainEngine, ValueHead
+from rl_core.models.tiny import build_tiny
+
+PACKED = {**OPTIONS, "remove_padding": True}
+SHAPES = {"gqa": {}, "one-kv-head": {"num_key_value_heads": 1}}
+
+
+def nano(shape: str, seed: int = 1):
+    return build_tiny("nano", seed=seed, **SHAPES[shape])
+
+
+def forward(engine, batch, **options):
+    return engine.forward_logprobs(batch["input_ids"], batch["attention_mask"],
+                                   batch["position_ids"], R, **options)
+
+
+def _context_rank(rank: int, out: str, shape: str, strategy: str) -> None:
+    """Both ranks hold every row: the context-parallel group is the whole world."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from rl_core.engines.fsdp import FSDP2Engine
+
+    model, tokenizer = nano(shape)
+    data = batches(tokenizer.pad_token_id, model)
+    world = dist.group.WORLD
+    if strategy == "fsdp2":
+        engine = FSDP2Engine(model, mesh=init_device_mesh("cpu", (2,)), cp_group=world,
+                             dp_group=None, **PACKED)
+    else:
+        engine = TrainEngine(model, cp_group=world, **PACKED)
+    with torch.no_grad():
+        before = forward(engine, data[0], temperature=0.7, with_entropy=True)
+    metrics = [engine.train_step(b, ppo_loss_fn(), with_entropy=True) for b in data]
+    weights = (engine.full_state_dict() if strategy == "fsdp2"
+               else {k: v.clone() for k, v in engine.model.state_dict().items()})
+    if rank == 0:
+        torch.save({"before": before, "metrics": metrics, "weights": weights}, out)
+
+
+@pytest.mark.parametrize("shape,strategy", [("gqa", "torch"), ("one-kv-head", "torch"),
+                                            ("gqa", "fsdp2")])
+def test_two_context_parallel_ranks_equal_one_rank(tmp_path, shape, strategy):
+    out = tmp_path / "cp.pt"
+    spawn(_context_rank, 2, tmp_path, str(out), shape, strategy)
+    got = torch.load(out, weights_only=False)
+
+    model, tokenizer = nano(shape)
+    data = batches(tokenizer.pad_token_id, model)
+    plain = TrainEngine(model, **PACKED)
+    with torch.no_grad():
+        lp, ent = forward(plain, data[0], temperature=0.7, with_entropy=True)
+    torch.testing.assert_close(got["before"][0], lp, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got["before"][1], ent, rtol=1e-5, atol=1e-5)
+    expected = [plain.train_step(b, ppo_loss_fn(), with_entropy=True) for b in data]
+    assert any(m["actor/grad_norm"] > 0 for m in expected), "the comparison needs real updates"
+    for metrics, want in zip(got["metrics"], expected):
+        assert metrics == pytest.approx(want, rel=1e-4, abs=1e-6)
+    for name, value in plain.model.state_dict().items():
+        # AdamW turns the rounding noise of a gradient entry near 0 into a step of up to lr:
+        # 1e-5 here after 3 steps at lr 1e-2 (weights of about 0.1); a key bias gets none
+        if not name.endswith("k_proj.bias"):
+            difference = (got["weights"][name] - value).abs().max().item()
+            assert difference < 5e-5, (name, difference)
+
+
+def _values_rank(rank: int, out: str) -> None:
+    import torch.distributed as dist
+
+    critic = _critic()
+    engine = TrainEngine(critic, cp_group=dist.group.WORLD, head=ValueHead(), **PACKED)
+    batch = batches(256, build_tiny("nano", seed=1)[0])[1]
+    values, _ = forward(engine, batch, grad=True)
+    (values * WEIGHTS).sum().backward()
+    grads = {}
+    for name, param in engine.model.named_parameters():  # each rank's part: summed
+        grads[name] = param.grad.clone()
+        dist.all_reduce(grads[name])
+    if rank == 0:
+        torch.save({"values": values.detach(), "grads": grads}, out)
+
+
+# a different weight for every response column: each token's value matters to the loss
+WEIGHTS = torch.linspace(-1.0, 2.0, R)
+
+
+def _critic():
+    from transformers import AutoModelForTokenClassification
+
+    model, _ = build_tiny("nano", seed=1)
+    config = copy.deepcopy(model.config)
+    config.num_labels = 1
+    torch.manual_seed(0)
+    return AutoModelForTokenClassification.from_config(config).eval()  # no dropout
+
+
+def test_a_critics_values_and_their_gradients_equal_one_ranks(tmp_path):
+    """The gradient of each rank's share flows back through the exchanges; the ranks' partial
+    gradients (here of a forward outside train_step) sum to one rank's."""
+    out = tmp_path / "values.pt"
+    spawn(_values_rank, 2, tmp_path, str(out))
+    got = torch.load(out, weights_only=False)
+    engine = TrainEngine(_critic(), head=ValueHead(), **PACKED)
+    values, _ = forward(engine, batches(256, build_tiny("nano", seed=1)[0])[1], grad=True)
+    torch.testing.assert_close(got["values"], values.detach(), rtol=1e-5, atol=1e-5)
+    (values * WEIGHTS).sum().backward()
+    for name, param in engine.model.named_parameters():
+        assert param.grad.abs().sum() > 0, name
+        torch.testing.assert_close(got["grads"][name], param.grad, rtol=1e-4, atol=1e-6)
+
+
+def test_a_packed_sequence_is_padded_to_equal_shares_that_keep_every_response_token():
+    model, tokenizer = nano("gqa")
+    batch = batches(tokenizer.pad_token_id, model)[0]
+    ids, mask, positions = batch["input_ids"], batch["attention_mask"], batch["position_ids"]
+    whole = pack(ids, mask, positions, R)
+    n = int(mask.sum())
+    size = next(m for m in (3, 5, 7) if n % m)  # shares that need filler tokens
+    packed = pack(ids, mask, positions, R, multiple_of=size)
+    assert packed.input_ids.shape[1] == n + (-n % size) > n
+    bounds = packed.attention["rl_core_cu_seq_lens"]
+    assert bounds[:-1] == whole.attention["rl_core_cu_seq_lens"]  # the filler: a row of its own
+    assert bounds[-1] == packed.input_ids.shape[1]
+    shares = [packed.shard(rank, size) for rank in range(size)]
+    assert shares[0].counts == shares[-1].counts and sum(shares[0].counts) == len(whole.keep)
+    keep = torch.cat([s.keep + rank * (packed.input_ids.shape[1] // size)
+                      for rank, s in enumerate(shares)])
+    assert torch.equal(keep, whole.keep)
+    assert torch.equal(torch.cat([s.labels for s in shares]), whole.labels)
+    with pytest.raises(ValueError, match=f"cannot be shared by {size + 1} ranks"):
+        packed.shard(0, size + 1)
+
+
+def _indivisible(rank: int, out: str) -> None:
+    import torch.distributed as dist
+
+    from rl_core.engines.context import context_parallel, ulysses_attention
+
+    q = torch.zeros(1, 3, 4, 8)
+    try:
+        with context_parallel(dist.group.WORLD):
+            ulysses_attention(lambda *a, **k: None, torch.nn.Module(), q, q, q,
+                              dist.group.WORLD)
+    except ValueError as exc:
+        if rank == 0:
+            torch.save(str(exc), out)
+
+
+def test_heads_that_do_not_divide_by_the_group_are_refused_naming_both(tmp_path):
+    out = tmp_path / "refused.pt"
+    spawn(_indivisible, 2, tmp_path, str(out))
+    assert "3 heads do not divide by 2 ranks" in torch.load(out)
+
+
+def test_context_parallelism_needs_packing():
+    with pytest.raises(ValueError, match="set remove_padding"):
+        TrainEngine(nano("gqa")[0], cp_group=object(), **OPTIONS)
