@@ -15,7 +15,7 @@ from rl_core.algos.advantages import (
 from rl_core.algos.aggregation import LOSS_AGG_MODES, agg_loss, get_loss_agg_mode
 from rl_core.algos.dapo import filter_groups, overlong_penalty
 from rl_core.algos.dpo import DPO_LOSSES, dpo_loss, get_dpo_loss
-from rl_core.algos.entropy import entropy_from_logits, log_probs_from_logits
+from rl_core.algos.entropy import chunked_logprobs, entropy_from_logits, log_probs_from_logits
 from rl_core.algos.kl import (
     KL_CONTROLLERS,
     KL_ESTIMATORS,
@@ -44,6 +44,7 @@ __all__ = [
     "UnknownNameError",
     "agg_loss",
     "apply_kl_penalty",
+    "chunked_logprobs",
     "compute_advantage",
     "discounted_returns",
     "dpo_loss",

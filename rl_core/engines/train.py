@@ -80,7 +80,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from rl_core.algos.entropy import log_probs_from_logits
+from rl_core.algos.entropy import chunked_logprobs
 from rl_core.collectives import all_reduce, reduce_numbers
 from rl_core.engines.balance import token_micro_batches
 from rl_core.engines.base import LossFn, WeightBucket
@@ -194,18 +194,14 @@ class _Extents:
 def token_logprobs(
     logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0, with_entropy: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """log softmax(logits / temperature)[label] and optionally the entropy, in float32.
+    """log softmax(logits / temperature)[label] and optionally the entropy, in float32 (float64
+    for float64 logits).
 
-    logits (b, R, V), labels (b, R) -> logprobs (b, R), entropy (b, R) | None.
+    logits (b, R, V), labels (b, R) -> logprobs (b, R), entropy (b, R) | None. Computed a chunk
+    of positions at a time (`chunked_logprobs`): no float32 copy of the (b, R, V) logits is made
+    or kept for backward, only the logits as the model returned them.
     """
-    logits = logits.float()  # only the response positions; a no-op in float32
-    if temperature != 1.0:
-        logits = logits / temperature
-    if not with_entropy:
-        return log_probs_from_logits(logits, labels), None
-    logp = torch.log_softmax(logits, dim=-1)  # (b, R, V), shared by both outputs
-    picked = logp.gather(-1, labels.unsqueeze(-1)).squeeze(-1)  # (b, R)
-    return picked, -(logp.exp() * logp).sum(-1)
+    return chunked_logprobs(logits, labels, temperature, with_entropy)
 
 
 # --------------------------------------------------------------------------- heads
