@@ -76,10 +76,10 @@ flight through the layer being back-propagated (b·(2h + 2I)). Micro-batches are
 sequences at full length (max_prompt_length + max_new_tokens); with `actor.use_dynamic_bsz` a
 micro-batch holds `max_token_len_per_gpu // length` such rows.
 
-Logits of a micro-batch: rows × response length × vocabulary elements, once in `model.dtype`
-from the output head and as float32 for the log-softmax: two float32 copies in a forward
-without gradients (the upcast logits and the log-sum-exp's temporary), three in training (plus
-the float32 gradient); two more with an entropy bonus.
+Logits of a micro-batch: rows × response length × vocabulary elements in `model.dtype` from the
+output head, and in training their gradient, as large; the log-probs and entropy are computed a
+chunk of positions at a time (`rl_core.algos.entropy.chunked_logprobs`), whose float32 buffers
+take at most `LOGPROB_CHUNK_BYTES` more.
 
 Not counted: the runtime context of each process, the allocator's fragmentation and the
 communication buffers. A plan fits when its peak stays within (1 - HEADROOM_FRACTION) of the
@@ -109,6 +109,8 @@ from rl_core.models.presets import TINY_PREFIX, get_size  # torch-free
 from rl_core.spec import RunSpec, planned_engine
 
 GIB = 2**30
+# rl_core.algos.entropy.LOGPROB_CHUNK_BYTES (that module imports torch; this one must not)
+LOGPROB_CHUNK_BYTES = 256 * 2**20
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 PHASES = ("load", "rollout", "log-probs", "backward", "step")
 # Sequences vLLM's KV cache is sized for on the CPU (each up to max_model_len tokens), in
@@ -808,12 +810,12 @@ def forward_bytes_per_token(shape: ModelShape, dtype_bytes: int) -> int:
     return dtype_bytes * (fused + inter + 2 * h) + 4 * h
 
 
-def logits_bytes(rows: int, response_len: int, vocab: int, dtype_bytes: int, training: bool,
-                 entropy: bool = False) -> int:
-    """Logits of a micro-batch: once in the model's dtype, float32 copies for the log-softmax
-    (two without gradients, three in training; two more with entropy)."""
-    copies = (3 if training else 2) + (2 if entropy else 0)
-    return rows * response_len * vocab * (dtype_bytes + 4 * copies)
+def logits_bytes(rows: int, response_len: int, vocab: int, dtype_bytes: int, training: bool) -> int:
+    """Logits of a micro-batch in the model's dtype (in training their gradient too) and one
+    chunk's float32 working buffers (two per position, at most LOGPROB_CHUNK_BYTES)."""
+    elements = rows * response_len * vocab
+    chunk = min(2 * 4 * elements, LOGPROB_CHUNK_BYTES)
+    return elements * dtype_bytes * (2 if training else 1) + chunk
 
 
 def _actor_passes(s: Setup, shape: ModelShape) -> list[Component]:
@@ -824,8 +826,8 @@ def _actor_passes(s: Setup, shape: ModelShape) -> list[Component]:
     parts = [
         Component("actor activations", s.train_rows * seq * per_token, ("backward",),
                   f"{s.train_rows} rows x {seq} tokens, {how}"),
-        Component("actor logits", logits_bytes(s.train_rows, s.response_len, vocab, b, True,
-                                                s.entropy), ("backward",),
+        Component("actor logits", logits_bytes(s.train_rows, s.response_len, vocab, b, True),
+                  ("backward",),
                   f"{s.train_rows} rows x {s.response_len} x {vocab}"),
     ]
     if s.old_logprob_rows is not None:

@@ -240,9 +240,18 @@ def test_kv_cache_and_logits_bytes_by_hand():
     assert parts["rollout KV cache"].bytes == 16 * 128 * 32
     assert parts["rollout KV compaction copy"].bytes == 12 * 128 * 32  # 3/4 of the rows
     # training micro-batch of 2 rows (actor default) × 20 response tokens × vocabulary 10:
-    # bfloat16 logits (2) + three float32 copies (12)
-    assert parts["actor logits"].bytes == 2 * 20 * 10 * (2 + 12)
+    # bfloat16 logits and their gradient (2 + 2), one chunk of two float32 buffers (8)
+    assert parts["actor logits"].bytes == 2 * 20 * 10 * (2 + 2 + 8)
     assert mp.logits_bytes(2, 20, 10, 2, training=False) == 2 * 20 * 10 * (2 + 8)
+    # a large vocabulary: the chunk stays within its budget
+    huge = 8 * 1024 * 151_936
+    assert mp.logits_bytes(8, 1024, 151_936, 2, training=True) == huge * 4 + 256 * 2**20
+
+
+def test_the_plans_chunk_budget_is_the_log_probs():
+    from rl_core.algos.entropy import LOGPROB_CHUNK_BYTES
+
+    assert mp.LOGPROB_CHUNK_BYTES == LOGPROB_CHUNK_BYTES
 
 
 def test_the_fast_decoder_copies_every_projection_on_cpu_and_the_fused_ones_elsewhere():
