@@ -202,7 +202,13 @@ class Controller:
 
     @property
     def dp(self) -> int:
-        return self.roles.actor.size
+        """Data-parallel ranks: groups of ranks holding different rows."""
+        return self.roles.actor.size // self.spec.parallel.context_parallel_size
+
+    def per_rank(self, shares: list[Any]) -> list[Any]:
+        """The `dp` shares, one per data-parallel rank, for every rank of the actor's group:
+        the ranks of a context-parallel group share their rows."""
+        return [share for share in shares for _ in range(self.spec.parallel.context_parallel_size)]
 
     # ----------------------------------------------------------------------- checkpoints
 
@@ -370,7 +376,7 @@ class Controller:
         if seed is None:
             seed = self.draw_seed() if params.do_sample else 0
         total = len(prompt_ids) * params.n
-        shards = Batch({"prompt_ids": list(prompt_ids)}).split(self.dp)
+        shards = Batch({"prompt_ids": list(prompt_ids)}).split(self.roles.actor.size)
         firsts = [sum(len(s) for s in shards[:rank]) for rank in range(len(shards))]
         parts = self.roles.actor.map("generate", [
             (shard.prompt_ids, params, seed, (first * params.n, (first + len(shard)) * params.n),
@@ -434,9 +440,11 @@ class Controller:
             "old_logprob": (self.roles.actor, list(SEQUENCE_COLUMNS), ["old_logprobs"]),
             "values": (self.roles.critic, list(SEQUENCE_COLUMNS), ["values"]),
         }
-        # sharded roles' forwards are collectives: they cannot pull chunks from the channel,
-        # so their stages are called on every rank's share at once (`SHARDED_STAGES`)
-        sharded = self.spec.actor.strategy == "fsdp2"
+        # sharded (or context-parallel) roles' forwards are collectives: they cannot pull
+        # chunks from the channel, so their stages are called on every rank's share at once
+        # (`SHARDED_STAGES`; the ranks of a context-parallel group on the same share)
+        cp = self.spec.parallel.context_parallel_size
+        sharded = self.spec.actor.strategy == "fsdp2" or cp > 1
         direct = [s for s in stages if sharded and s in SHARDED_STAGES]
         stages = [s for s in stages if s not in direct]
         started = time.perf_counter()  # (a local group works while it is submitted)
@@ -454,7 +462,7 @@ class Controller:
             pending.append((stage, drained))
         # each rank as many rows and about as many tokens (the stage's rows come back in order)
         parts, order = token_balanced(batch.with_sequences(), self.dp) if direct else ([], None)
-        shares = [(part.to_dict(),) for part in parts]
+        shares = self.per_rank([(part.to_dict(),) for part in parts])
         mapped = []
         for stage in direct:
             stage_started = time.perf_counter()
@@ -469,7 +477,8 @@ class Controller:
                      for stage in stages for name in plan[stage][2]})
         for stage, stage_started, pending_map in mapped:
             (column,) = plan[stage][2]
-            stacked = torch.cat(collect(pending_map)[0])  # rank after rank: rows of `order`
+            # rank after rank (one of each context group): rows of `order`
+            stacked = torch.cat(collect(pending_map)[0][::cp])
             out[column] = stacked.new_empty(stacked.shape).index_copy_(0, order, stacked)
             timer.seconds[stage] += time.perf_counter() - stage_started
         timer.seconds["stages"] += time.perf_counter() - started

@@ -417,6 +417,13 @@ class Setup:
     max_model_len: int = 0
     device_memory_bytes: int | None = None
     master_weights: bool = True  # actor.master_weights: float32 masters below float32
+    # parallel.context_parallel_size: the devices sharing each row's tokens (Ulysses)
+    context_parallel: int = 1
+
+    @property
+    def ranks(self) -> int:
+        """Devices: data-parallel × context-parallel (FSDP2 shards over all of them)."""
+        return self.devices * self.context_parallel
 
     @property
     def dtype_bytes(self) -> int:
@@ -430,10 +437,11 @@ class Setup:
 def setup_of(spec: RunSpec) -> Setup:
     """The `Setup` of a resolved spec."""
     dp, n = spec.data_parallel_size, spec.rollout.n_samples_per_prompt
-    prompts = math.ceil(spec.data.train_batch_size / dp)
+    cp = spec.parallel.context_parallel_size
+    prompts = math.ceil(spec.data.train_batch_size / (dp * cp))  # every device rolls out
     # greedy validation, one response per prompt, when the run evaluates (the spec then has
     # validation prompts)
-    val_rows = math.ceil(spec.data.val_batch_size / dp) if spec.trainer.eval_every else 0
+    val_rows = math.ceil(spec.data.val_batch_size / (dp * cp)) if spec.trainer.eval_every else 0
     return Setup(
         dtype=spec.model.dtype, strategy=spec.actor.strategy, devices=dp,
         gradient_checkpointing=spec.model.gradient_checkpointing,
@@ -447,7 +455,7 @@ def setup_of(spec: RunSpec) -> Setup:
         rollout_engine=planned_engine(spec), engine_auto=spec.rollout.engine == "auto",
         gpu_memory_utilization=spec.rollout.gpu_memory_utilization,
         max_model_len=vllm_max_model_len(spec),
-        master_weights=spec.actor.master_weights,
+        master_weights=spec.actor.master_weights, context_parallel=cp,
     )
 
 
@@ -657,7 +665,7 @@ def _torch_state(role: str, params: int, s: Setup, offload_optimizer: bool) -> l
                   + ("" if masters or dtype == "float32" else " (no float32 master copy)"),
                   moments[1]),
     ]
-    if s.devices > 1:
+    if s.ranks > 1:
         parts.append(Component(f"{role} gradient all-reduce", params * g, ("step",),
                                "the flattened gradients summed over the ranks"))
     return parts
@@ -665,11 +673,11 @@ def _torch_state(role: str, params: int, s: Setup, offload_optimizer: bool) -> l
 
 def _fsdp2_state(role: str, params: int, root: int, layer: int, s: Setup, offload_param: bool,
                  offload_optimizer: bool) -> list[Component]:
-    b, shard = s.dtype_bytes, math.ceil(params / s.devices) * 4
+    b, shard = s.dtype_bytes, math.ceil(params / s.ranks) * 4
     where = ((), True) if offload_param else (PHASES, False)  # made at load
     moments = (((), True) if offload_param else (TRAINED, False) if not offload_optimizer
                else (("step",), True))  # made by the first step
-    over = f"float32, 1/{s.devices} per device"
+    over = f"float32, 1/{s.ranks} per device"
     return [
         Component(f"{role} host copy before sharding", params * (b + 4 if b < 4 else 4), (),
                   f"on the host during load: loaded in {s.dtype}, cast to float32", True),
@@ -823,12 +831,14 @@ def _actor_passes(s: Setup, shape: ModelShape) -> list[Component]:
     b, seq, vocab = s.dtype_bytes, s.seq_len, shape.vocab_size
     per_token = activation_bytes_per_token(shape, b, s.gradient_checkpointing, seq, s.attention)
     how = "checkpointed" if s.gradient_checkpointing else "all layers kept"
+    cp, shared = s.context_parallel, _shared(s)
     parts = [
-        Component("actor activations", s.train_rows * seq * per_token, ("backward",),
-                  f"{s.train_rows} rows x {seq} tokens, {how}"),
-        Component("actor logits", logits_bytes(s.train_rows, s.response_len, vocab, b, True),
+        Component("actor activations", math.ceil(s.train_rows * seq / cp) * per_token,
+                  ("backward",), f"{s.train_rows} rows x {seq} tokens{shared}, {how}"),
+        Component("actor logits",
+                  math.ceil(logits_bytes(s.train_rows, s.response_len, vocab, b, True) / cp),
                   ("backward",),
-                  f"{s.train_rows} rows x {s.response_len} x {vocab}"),
+                  f"{s.train_rows} rows x {s.response_len} x {vocab}{shared}"),
     ]
     if s.old_logprob_rows is not None:
         parts += _forward("actor old log-probs", s.old_logprob_rows, s, shape, vocab)
@@ -841,13 +851,20 @@ def _actor_passes(s: Setup, shape: ModelShape) -> list[Component]:
 
 def _forward(name: str, rows: int, s: Setup, shape: ModelShape, vocab: int) -> list[Component]:
     """A forward without gradients over `rows` sequences: working set and logits."""
-    tokens, b = rows * s.seq_len, s.dtype_bytes
+    cp, b = s.context_parallel, s.dtype_bytes
+    tokens = math.ceil(rows * s.seq_len / cp)
+    logits = (logits_bytes(rows, s.response_len, vocab, b, False) if vocab > 1
+              else rows * s.response_len * 4)
     return [
-        Component(f"{name} forward", tokens * forward_bytes_per_token(shape, b),
-                  ("log-probs",), f"{rows} rows x {s.seq_len} tokens, one layer at a time"),
-        Component(f"{name} logits", logits_bytes(rows, s.response_len, vocab, b, False)
-                  if vocab > 1 else rows * s.response_len * 4, ("log-probs",)),
+        Component(f"{name} forward", tokens * forward_bytes_per_token(shape, b), ("log-probs",),
+                  f"{rows} rows x {s.seq_len} tokens{_shared(s)}, one layer at a time"),
+        Component(f"{name} logits", math.ceil(logits / cp), ("log-probs",)),
     ]
+
+
+def _shared(s: Setup) -> str:
+    """How a context-parallel group shares a micro-batch's tokens, for the notes."""
+    return f" / {s.context_parallel} devices" if s.context_parallel > 1 else ""
 
 
 # --------------------------------------------------------------------------- other roles
@@ -863,9 +880,9 @@ def _reference(s: Setup, shape: ModelShape) -> list[Component]:
         return [
             Component("reference host copy before sharding", shape.parameters * b, (),
                       f"loaded on the host in {s.dtype}, sharded in place", True),
-            Component("reference parameter shards", math.ceil(shape.parameters / s.devices) * b,
+            Component("reference parameter shards", math.ceil(shape.parameters / s.ranks) * b,
                       () if offload else PHASES,
-                      f"{s.dtype}, 1/{s.devices} per device"
+                      f"{s.dtype}, 1/{s.ranks} per device"
                       + (", in host memory" if offload else ""), offload),
             Component("reference gathered layers",
                       (shape.root_parameters + 2 * shape.layer_parameters) * b, ("log-probs",),
@@ -884,8 +901,8 @@ def _critic(s: Setup, shape: ModelShape) -> list[Component]:
     per_token = activation_bytes_per_token(shape, s.dtype_bytes, False, seq, s.attention)
     state = _train_state("critic", shape.critic_parameters, shape.critic_root_parameters,
                          shape.layer_parameters, s)
-    update = Component("critic activations", rows * seq * per_token, ("backward",),
-                       f"{rows} rows x {seq} tokens, all layers kept")
+    update = Component("critic activations", math.ceil(rows * seq / s.context_parallel) * per_token,
+                       ("backward",), f"{rows} rows x {seq} tokens{_shared(s)}, all layers kept")
     return [*state, update, *_forward("critic values", rows, s, shape, 1)]
 
 

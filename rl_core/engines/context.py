@@ -36,6 +36,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from rl_core.collectives import all_gather, all_to_all
+from rl_core.errors import InputError
 
 _GROUP: contextvars.ContextVar[Any] = contextvars.ContextVar("rl_core_context_group",
                                                              default=None)
@@ -130,3 +131,33 @@ class _GatherShards(torch.autograd.Function):
 def gather_shards(piece: torch.Tensor, counts: Sequence[int], group: Any) -> torch.Tensor:
     """This rank's values (counts[rank],) and the others', joined: (sum(counts),)."""
     return _GatherShards.apply(piece, list(counts), group)
+
+
+def context_groups(world_size: int, size: int) -> tuple[Any, Any]:
+    """This rank's data-parallel group (the ranks at its place in every context group: they
+    hold different rows) and its context-parallel group (`size` consecutive ranks holding the
+    same rows); rank = data-parallel index × size + context index. Every rank calls it (each
+    group is made by all ranks, in the same order)."""
+    if world_size % size:
+        raise ValueError(f"{world_size} ranks cannot form context groups of {size}")
+    rank = dist.get_rank()
+    dp_group = cp_group = None
+    for first in range(0, world_size, size):
+        group = dist.new_group(list(range(first, first + size)))
+        if first <= rank < first + size:
+            cp_group = group
+    for offset in range(size):
+        group = dist.new_group(list(range(offset, world_size, size)))
+        if rank % size == offset:
+            dp_group = group
+    return dp_group, cp_group
+
+
+def check_heads(config: Any, size: int, field: str = "parallel.context_parallel_size") -> None:
+    """An InputError naming `field` when `size` ranks cannot share the model's attention heads
+    (query heads must divide by it; key/value heads that do not are repeated)."""
+    heads = getattr(config, "num_attention_heads", None)
+    if size > 1 and heads is not None and heads % size:
+        raise InputError(f"{field}: {size} does not divide the model's {heads} attention heads "
+                         "(Ulysses gives each rank an equal share of them): pick a divisor of "
+                         f"{heads}")

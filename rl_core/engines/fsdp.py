@@ -93,24 +93,29 @@ class FSDP2Engine:
 
     @classmethod
     def frozen(cls, model: torch.nn.Module, *, mesh: Any, param_dtype: str = "float32",
-               offload: bool = False, **batching: Any) -> FSDP2Engine:
+               offload: bool = False, cp_group: Any = None, dp_group: Any = _MESH,
+               **batching: Any) -> FSDP2Engine:
         """A forward-only engine (the reference): parameters sharded in `param_dtype` itself,
         without float32 masters, gradients or optimizer state; `offload` keeps the shards in
-        host memory. `batching`: `max_token_len`, `remove_padding` (see `TrainEngine`)."""
+        host memory. `cp_group`, `dp_group`: as in `__init__`. `batching`: `max_token_len`,
+        `remove_padding` (see `TrainEngine`)."""
         engine = cls.__new__(cls)
         engine.mesh = mesh
         model = model.to(dtype=PARAM_DTYPES[param_dtype]).requires_grad_(False)
         shard_model(model, mesh, param_dtype, offload=offload)
-        engine.inner = TrainEngine(model, device=_mesh_device(mesh), dp_group=mesh.get_group(),
-                                   sharded=True, param_dtype=param_dtype, lr=0.0, **batching)
+        engine.inner = TrainEngine(model, device=_mesh_device(mesh),
+                                   dp_group=mesh.get_group() if dp_group is _MESH else dp_group,
+                                   cp_group=cp_group, sharded=True, param_dtype=param_dtype,
+                                   lr=0.0, **batching)
         return engine
 
     @classmethod
     def from_spec(cls, model: torch.nn.Module, actor: Any, total_steps: int, dtype: str,
-                  mesh: Any) -> FSDP2Engine:
-        """An engine configured by the spec's `actor` section over `mesh` (`dtype`: compute)."""
+                  mesh: Any, **groups: Any) -> FSDP2Engine:
+        """An engine configured by the spec's `actor` section over `mesh` (`dtype`: compute;
+        `groups`: `cp_group` and `dp_group`, see `__init__`)."""
         return cls(model, mesh=mesh, param_dtype=dtype, offload_param=actor.offload.param,
-                   **engine_options(actor, total_steps))
+                   **engine_options(actor, total_steps), **groups)
 
     model = property(lambda self: self.inner.model)
     step = property(lambda self: self.inner.step)

@@ -197,9 +197,9 @@ class DPOTrainer:
                 pair_rows = order[start:stop]
                 mini = data.take(torch.stack([pair_rows * 2, pair_rows * 2 + 1], 1).reshape(-1))
                 mini["pair_weight"] = torch.full((len(mini),), 1.0 / len(pair_rows))
-                results = self.roles.actor.map("train_step", [
+                results = self.roles.actor.map("train_step", self.ctl.per_rank([
                     (shard.to_dict(), loss_fn, options, self.step + 1)
-                    for shard in mini.split(self.ctl.dp, group=2)])
+                    for shard in mini.split(self.ctl.dp, group=2)]))
                 for key, value in results[0].items():
                     sums[key] = sums.get(key, 0.0) + value
                 count += 1

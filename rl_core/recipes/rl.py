@@ -338,11 +338,11 @@ class RLTrainer:
                 for rank, shard in enumerate(token_balanced(mini, dp)[0]):
                     per_rank[rank].append(shard)
         step = self.step + 1
-        calls = [self.roles.actor.submit_map("update", [
-            ([m.select(ACTOR_KEYS).to_dict() for m in minis], step) for minis in per_rank])]
+        calls = [self.roles.actor.submit_map("update", self.ctl.per_rank([
+            ([m.select(ACTOR_KEYS).to_dict() for m in minis], step) for minis in per_rank]))]
         if self.roles.critic is not None:
-            calls.append(self.roles.critic.submit_map("update", [
-                ([m.select(CRITIC_KEYS).to_dict() for m in minis], step) for minis in per_rank]))
+            calls.append(self.roles.critic.submit_map("update", self.ctl.per_rank([
+                ([m.select(CRITIC_KEYS).to_dict() for m in minis], step) for minis in per_rank])))
         sums: dict[str, float] = defaultdict(float)
         counts: dict[str, int] = defaultdict(int)
         for per_group in collect(*calls):

@@ -31,6 +31,7 @@ from rl_core.data.batch import Batch
 from rl_core.data.prompts import decode_rows
 from rl_core.determinism import seed_everything
 from rl_core.engines import training_engine
+from rl_core.engines.context import check_heads
 from rl_core.engines.train import PARAM_DTYPES, TrainEngine, ValueHead, batch_options
 from rl_core.errors import NonFiniteError, TrainingStopped
 from rl_core.models.loading import load_model_and_tokenizer
@@ -109,6 +110,8 @@ class TrainedRole(Worker):
 
     def start_engine(self, spec: RunSpec) -> None:
         self.sharded = spec.actor.strategy == "fsdp2"
+        self.context_parallel = spec.parallel.context_parallel_size
+        check_heads(self.model.config, self.context_parallel)
         self.engine = None
         if not self.sharded:
             self.engine = self.plain_engine()
@@ -119,7 +122,14 @@ class TrainedRole(Worker):
         if self.sharded:
             self.engine = self.sharded_engine(role_mesh(self.device, self.world_size))
         else:
-            self.engine.dp_group = self.dp_group
+            self.engine.dp_group, self.engine.cp_group = self.dp_group, self.cp_group
+
+    @property
+    def groups(self) -> dict[str, Any]:
+        """A sharded engine's data- and context-parallel groups where they are not the mesh's."""
+        if self.cp_group is None:
+            return {}
+        return {"cp_group": self.cp_group, "dp_group": self.dp_group}
 
     def plain_engine(self) -> Any:
         raise NotImplementedError
@@ -189,7 +199,7 @@ class ActorWorker(TrainedRole):
         else:
             source, _ = load_policy(self.spec, self.model_path, torch.device("cpu"))
         return training_engine("fsdp2").from_spec(
-            source, self.spec.actor, self.total_steps, self.spec.model.dtype, mesh)
+            source, self.spec.actor, self.total_steps, self.spec.model.dtype, mesh, **self.groups)
 
     # ----------------------------------------------------------------------- rollout
 
@@ -389,19 +399,29 @@ class ReferenceWorker(Worker):
             model, _ = load_policy(spec, spec.model.path, home)
         self.model = model.to(home).eval().requires_grad_(False)
         self.temperature = temperature_of(sampling)
+        self.context_parallel = spec.parallel.context_parallel_size
+        check_heads(self.model.config, self.context_parallel)
         self.engine = None
         if self.sharded and world_size == 1:
             self.init_alone(role_backend(spec))
 
     def on_distributed(self) -> None:
+        groups = {} if self.cp_group is None else {"cp_group": self.cp_group,
+                                                   "dp_group": self.dp_group}
         if not self.sharded:
+            if groups:  # a forward over the group's shares: an engine of its own
+                self.engine = TrainEngine(self.model, lr=0.0, device=self.device,
+                                          param_dtype=self.spec.model.dtype, **groups,
+                                          **batch_options(self.spec.actor))
+                self.model.to(torch.device("cpu") if self.offload else self.device)
             return
         from rl_core.engines.fsdp import FSDP2Engine
 
         # sharded in place: the model is the reference's own (loaded on the host, or a copy)
         self.engine = FSDP2Engine.frozen(self.model, mesh=role_mesh(self.device, self.world_size),
                                          param_dtype=self.spec.model.dtype,
-                                         offload=self.offload, **batch_options(self.spec.actor))
+                                         offload=self.offload, **groups,
+                                         **batch_options(self.spec.actor))
         self.model = self.engine.model
 
     @contextlib.contextmanager
@@ -427,9 +447,9 @@ class ReferenceWorker(Worker):
                 self.spec.reference.log_prob_micro_batch_size, **batch_options(self.spec.actor))}
 
     def ref_logprobs(self, cols: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """The `ref_logprob` stage of a sharded reference on this rank's share (all ranks at
-        once: its forward is a collective)."""
-        with self.measured("ref_logprob"):
+        """The `ref_logprob` stage of a sharded or context-parallel reference on this rank's
+        share (all ranks at once: its forward is a collective)."""
+        with self.measured("ref_logprob"), self._on_device():
             logprobs, _ = self.engine.forward_logprobs(
                 cols["input_ids"], cols["attention_mask"], cols["position_ids"],
                 cols["response_mask"].shape[1], temperature=self.temperature,
@@ -539,7 +559,7 @@ class CriticWorker(TrainedRole):
     def sharded_engine(self, mesh: Any) -> Any:
         from rl_core.engines.fsdp import FSDP2Engine
 
-        engine = FSDP2Engine(self.model, mesh=mesh, **self.options)
+        engine = FSDP2Engine(self.model, mesh=mesh, **self.options, **self.groups)
         self.model = engine.model
         return engine
 

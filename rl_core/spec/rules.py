@@ -29,8 +29,7 @@ NOT_IMPLEMENTED: dict[str, tuple[Any, ...]] = {
     "reward.reward_model": (None,),
     "parallel.tensor_parallel_size": (1,),
     "parallel.pipeline_parallel_size": (1,),
-    "parallel.context_parallel_size": (1,),
-    "parallel.context_parallel_algo": ("ulysses",),  # moot while context_parallel_size is 1
+    "parallel.context_parallel_algo": ("ulysses",),
     "parallel.colocate_actor_rollout": (True,),  # rollout generates in the training process
     "parallel.resharding": ("auto",),  # one layout for training and inference: nothing to reshard
 }
@@ -387,6 +386,16 @@ def planned_engine(spec: RunSpec) -> str:
     return "native" if spec.resources.device_type == "cpu" else "vllm"
 
 
+def _rule_context_parallel(s: RunSpec) -> Iterator[Violation]:
+    """Context parallelism splits the tokens of packed micro-batches: it needs
+    `actor.use_remove_padding`."""
+    size = s.parallel.context_parallel_size
+    if size > 1 and not s.actor.use_remove_padding:
+        yield ("parallel.context_parallel_size",
+               f"{size} splits each packed micro-batch's tokens over {size} devices: set "
+               "actor.use_remove_padding: true, or context_parallel_size: 1")
+
+
 def _rule_rollout_engine(s: RunSpec) -> Iterator[Violation]:
     """vLLM's settings only with `rollout.engine: vllm`, or `auto` on gpu and npu (on cpu it is
     the native engine); its memory share only on accelerators; its length fits a prompt and a
@@ -459,6 +468,7 @@ RULES: tuple[Callable[[RunSpec], Iterator[Violation]], ...] = (
     _rule_trainer,
     _rule_offload,
     _rule_master_weights,
+    _rule_context_parallel,
     _rule_rollout_engine,
     _rule_tools,
 )

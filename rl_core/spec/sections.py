@@ -470,11 +470,15 @@ class ParallelConfig(Strict):
         1,
         gt=0,
         le=MAX_PARALLEL,
-        description="Context-parallel size: each sequence is split over this many devices."
+        description="Context-parallel size: the packed tokens of each micro-batch are split "
+        "over this many devices (Ulysses: attention exchanged by all-to-all, each device a share "
+        "of the heads; needs actor.use_remove_padding and heads divisible by it); the devices "
+        "of a group hold the same rows.",
     )
     context_parallel_algo: Literal["ulysses", "ring"] = Field(
         "ulysses",
-        description="Context-parallel algorithm: all-to-all over heads, or ring attention.",
+        description="Context-parallel algorithm: `ulysses`, all-to-all over heads; `ring`, "
+        "key/value blocks passed around the group.",
     )
     data_parallel_size: int | None = Field(
         None,

@@ -61,6 +61,31 @@ def test_two_ranks_on_ray_equal_one_rank_in_process(tmp_path, tiny_cache, local_
         assert torch.allclose(value, b[name], atol=1e-5), name
 
 
+def test_two_context_parallel_ranks_on_ray_equal_one_rank_in_process(tmp_path, tiny_cache,
+                                                                       local_ray):
+    """GRPO with the reference, old log-probs and two passes: both ranks hold every row and
+    split its packed tokens (Ulysses), so the run is one rank's."""
+    def spec(out: Path, devices: int, **parallel) -> dict:
+        return tiny_spec(out, actor={"use_remove_padding": True}, parallel=parallel,
+                         resources={"devices_per_node": devices}, trainer={"total_steps": 2})
+
+    RLTrainer(resolve_spec(spec(tmp_path / "one", 1))).fit()
+    trainer = RLTrainer(resolve_spec(spec(tmp_path / "two", 2, context_parallel_size=2)),
+                        backend="ray")
+    for role in (trainer.roles.actor, trainer.roles.reference):
+        assert [(r["data_parallel"], r["context_parallel"], r["engine_context_parallel"])
+                for r in role.call("layout")] == [(1, 2, 2)] * 2
+    trainer.fit()
+    one, two = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")
+    assert [m["step"] for m in one] == [m["step"] for m in two] == [1, 2]
+    assert any(m["actor/grad_norm"] > 0 for m in one), "the comparison needs real updates"
+    assert all("actor/kl_loss" in m for m in two)  # the reference ran on the group's shares
+    for left, right in zip(one, two):
+        right = {k: v for k, v in stable_metrics(right).items() if not k.startswith("channel/")}
+        left = {k: v for k, v in stable_metrics(left).items() if not k.startswith("channel/")}
+        assert left == pytest.approx(right, rel=1e-4, abs=1e-6), left["step"]
+
+
 # GRPO and PPO on two deterministic Ray ranks equal one rank in process (test_golden.py), so
 # what they learn on one they learn on two; DPO's pairs from the policy's own answers are made
 # on two ranks here only.

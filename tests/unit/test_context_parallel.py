@@ -171,3 +171,56 @@ def test_heads_that_do_not_divide_by_the_group_are_refused_naming_both(tmp_path)
 def test_context_parallelism_needs_packing():
     with pytest.raises(ValueError, match="set remove_padding"):
         TrainEngine(nano("gqa")[0], cp_group=object(), **OPTIONS)
+
+
+# --------------------------------------------------------------------------- the spec and plan
+
+
+def cp_spec(size: int = 2, **actor):
+    from rl_core.spec import resolve_spec
+
+    return resolve_spec({
+        "data": {"synthetic": {"task": "addition"}, "train_batch_size": 4},
+        "model": {"path": "tiny:nano"}, "resources": {"devices_per_node": 4},
+        "actor": {"use_remove_padding": True, "ppo_mini_batch_size": 2, **actor},
+        "parallel": {"context_parallel_size": size}, "trainer": {"logger": []}})
+
+
+def test_the_spec_takes_context_parallelism_with_packing_and_refuses_it_without():
+    from rl_core.spec import SpecError, resolve_spec
+
+    spec = cp_spec(2)
+    assert (spec.world_size, spec.data_parallel_size, spec.model_parallel_size) == (4, 2, 2)
+    with pytest.raises(SpecError, match=r"parallel.context_parallel_size: 2 splits each packed "
+                                        r".*set actor.use_remove_padding: true"):
+        cp_spec(2, use_remove_padding=False)
+    with pytest.raises(SpecError, match=r"parallel.context_parallel_algo.*not implemented yet "
+                                        r"\(only ulysses\)"):
+        resolve_spec({"model": {"path": "tiny:nano"}, "data": {"synthetic": {"task": "addition"}},
+                      "parallel": {"context_parallel_algo": "ring"}})
+
+
+def test_the_plan_shares_activations_and_shards_over_the_context_group():
+    from rl_core import memory_plan as mp
+
+    def parts(size: int, strategy: str = "fsdp2") -> dict[str, int]:
+        plan = mp.plan(cp_spec(size, strategy=strategy), mp.tiny_shape("nano"), 80 * mp.GIB)
+        return {c.name: c.bytes for c in plan.components}
+
+    one, two = parts(1), parts(2)
+    assert two["actor activations"] == one["actor activations"] // 2
+    assert two["actor logits"] == pytest.approx(one["actor logits"] / 2, abs=1)
+    # fsdp2 shards over data- x context-parallel ranks: all 4 devices either way, not the 2
+    # data-parallel ranks
+    assert two["actor parameter shards"] == one["actor parameter shards"] == 27_136 // 4 * 4
+
+
+def test_heads_the_group_cannot_share_are_refused_naming_the_field():
+    from rl_core.engines.context import check_heads
+    from rl_core.errors import InputError
+
+    config = nano("gqa")[0].config
+    check_heads(config, 2)
+    with pytest.raises(InputError, match=r"parallel.context_parallel_size: 3 does not divide the "
+                                         r"model's 4 attention heads"):
+        check_heads(config, 3)
