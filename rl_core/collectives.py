@@ -117,3 +117,17 @@ def all_gather(tensor: torch.Tensor, group: dist.ProcessGroup | None = None) -> 
     got = [torch.empty_like(sent) for _ in range(dist.get_world_size(group))]
     dist.all_gather(got, sent, group=group)
     return torch.stack(got).to(device=tensor.device, dtype=tensor.dtype)
+
+
+def ring_pass(tensor: torch.Tensor, group: dist.ProcessGroup | None = None,
+              shift: int = 1) -> torch.Tensor:
+    """`tensor` sent to the rank `shift` places on in `group` (around the ring) and the one
+    from `shift` places back received: what ring attention passes its keys and values by. On
+    the caller's device and dtype."""
+    size, rank = dist.get_world_size(group), dist.get_rank(group)
+    sent = _on_wire(tensor, group).reshape(-1)
+    out = [sent.numel() if i == (rank - shift) % size else 0 for i in range(size)]
+    into = [sent.numel() if i == (rank + shift) % size else 0 for i in range(size)]
+    got = torch.empty_like(sent)
+    dist.all_to_all_single(got, sent, output_split_sizes=out, input_split_sizes=into, group=group)
+    return got.view(tensor.shape).to(device=tensor.device, dtype=tensor.dtype)

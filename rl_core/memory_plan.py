@@ -417,8 +417,9 @@ class Setup:
     max_model_len: int = 0
     device_memory_bytes: int | None = None
     master_weights: bool = True  # actor.master_weights: float32 masters below float32
-    # parallel.context_parallel_size: the devices sharing each row's tokens (Ulysses)
+    # parallel.context_parallel_size: the devices sharing each row's tokens, and how
     context_parallel: int = 1
+    context_parallel_algo: str = "ulysses"
 
     @property
     def ranks(self) -> int:
@@ -456,6 +457,7 @@ def setup_of(spec: RunSpec) -> Setup:
         gpu_memory_utilization=spec.rollout.gpu_memory_utilization,
         max_model_len=vllm_max_model_len(spec),
         master_weights=spec.actor.master_weights, context_parallel=cp,
+        context_parallel_algo=spec.parallel.context_parallel_algo,
     )
 
 
@@ -840,6 +842,8 @@ def _actor_passes(s: Setup, shape: ModelShape) -> list[Component]:
                   ("backward",),
                   f"{s.train_rows} rows x {s.response_len} x {vocab}{shared}"),
     ]
+    if cp > 1 and s.context_parallel_algo == "ring":
+        parts.append(_ring_weights("actor", s.train_rows, s, shape))  # beside the activations
     if s.old_logprob_rows is not None:
         parts += _forward("actor old log-probs", s.old_logprob_rows, s, shape, vocab)
         if s.strategy == "fsdp2":
@@ -860,6 +864,20 @@ def _forward(name: str, rows: int, s: Setup, shape: ModelShape, vocab: int) -> l
                   f"{rows} rows x {s.seq_len} tokens{_shared(s)}, one layer at a time"),
         Component(f"{name} logits", math.ceil(logits / cp), ("log-probs",)),
     ]
+
+
+def _ring_weights(role: str, rows: int, s: Setup, shape: ModelShape) -> Component:
+    """What ring attention keeps for its backward, which recomputes each step's scores: every
+    step's key/value block (in model.dtype), output (float32) and log-sum-exp, in every layer
+    (the device holding the last tokens computes all `context_parallel` steps), and one step's
+    float32 scores and weights while it recomputes them (two n x n per head)."""
+    local = math.ceil(rows * s.seq_len / s.context_parallel)
+    heads, dim = shape.num_attention_heads, shape.head_size
+    kept = shape.num_hidden_layers * s.context_parallel * heads * local * (
+        dim * (2 * s.dtype_bytes + 4) + 4)
+    recomputed = 2 * 4 * heads * local * local
+    return Component(f"{role} ring attention blocks", kept + recomputed, ("backward",),
+                     f"{s.context_parallel} blocks of {local} tokens a layer, scores recomputed")
 
 
 def _shared(s: Setup) -> str:
@@ -903,7 +921,9 @@ def _critic(s: Setup, shape: ModelShape) -> list[Component]:
                          shape.layer_parameters, s)
     update = Component("critic activations", math.ceil(rows * seq / s.context_parallel) * per_token,
                        ("backward",), f"{rows} rows x {seq} tokens{_shared(s)}, all layers kept")
-    return [*state, update, *_forward("critic values", rows, s, shape, 1)]
+    ring = ([_ring_weights("critic", rows, s, shape)]
+            if s.context_parallel > 1 and s.context_parallel_algo == "ring" else [])
+    return [*state, update, *ring, *_forward("critic values", rows, s, shape, 1)]
 
 
 # --------------------------------------------------------------------------- alternatives

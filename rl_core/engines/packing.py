@@ -83,14 +83,19 @@ def varlen_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
 
     query (1, H, N, D), key and value (1, Hkv, N, D) -> (1, N, H, D), as sdpa returns. In a
     `context_parallel` forward this rank holds N / size of the tokens: `ulysses_attention`
-    runs it on the whole sequence for a share of the heads.
+    runs it on the whole sequence for a share of the heads, `ring_attention` on this rank's
+    queries with every rank's keys in turn.
     """
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from rl_core.engines.context import active_group, ring_attention, ulysses_attention
 
-    from rl_core.engines.context import active_group, ulysses_attention
-
-    group = active_group()
-    if group is not None and cu_seq_lens_q is not None:
+    active = active_group()
+    if active is not None and cu_seq_lens_q is not None:
+        group, algorithm = active
+        if algorithm == "ring":
+            bounds = kwargs.get(HOST_BOUNDS)
+            return ring_attention(module, query, key, value, group,
+                                  bounds if bounds is not None else cu_seq_lens_q.tolist(),
+                                  kwargs.get("scaling"))
         return ulysses_attention(varlen_sdpa_whole, module, query, key, value, group,
                                  cu_seq_lens_q=cu_seq_lens_q, **kwargs)
     return varlen_sdpa_whole(module, query, key, value, attention_mask,

@@ -62,10 +62,11 @@ with the same shares, so every rank takes the same step, equal up to floating-po
 to one rank stepping on the whole mini-batch.
 
 Context parallelism. With `cp_group` (and `remove_padding`), the ranks of that group hold the
-same rows and split each packed micro-batch's tokens (`rl_core.engines.context`, Ulysses): each
-computes the whole loss from the gathered log-probs, its parameter gradients are partial and
-are summed over the group (the plain engine's all-reduce; FSDP2 shards over the data- and
-context-parallel ranks together). `dp_group` then holds one rank of each context group's rows.
+same rows and split each packed micro-batch's tokens (`rl_core.engines.context`: attention by
+Ulysses' all-to-all or ring attention, `cp_algorithm`): each computes the whole loss from the
+gathered log-probs, its parameter gradients are partial and are summed over the group (the
+plain engine's all-reduce; FSDP2 shards over the data- and context-parallel ranks together).
+`dp_group` then holds one rank of each context group's rows.
 """
 
 from __future__ import annotations
@@ -277,6 +278,7 @@ class TrainEngine:
         remove_padding: bool = False,
         dp_group: Any = None,
         cp_group: Any = None,
+        cp_algorithm: str = "ulysses",
         metric_prefix: str = METRIC_PREFIX,
         head: Callable[..., tuple[torch.Tensor, torch.Tensor | None]] | None = None,
         sharded: bool = False,
@@ -290,7 +292,7 @@ class TrainEngine:
         forward passes on packed micro-batches (`rl_core.engines.packing`; an attention
         implementation that cannot confine attention to each row raises InputError). `dp_group`: the
         data-parallel process group and `cp_group` the context-parallel one, which needs
-        `remove_padding` (see the module docstring); `metric_prefix` names the
+        `remove_padding`, with `cp_algorithm` "ulysses" or "ring" (see the module docstring); `metric_prefix` names the
         engine's own metrics (`actor/`, or `critic/` for a value model). `sharded`: the model's
         parameters are DTensors sharded by FSDP2 over `dp_group`, which reduces the gradients
         itself (see `rl_core.engines.fsdp`). `offload_optimizer`: AdamW's moments wait in host
@@ -321,6 +323,7 @@ class TrainEngine:
             raise ValueError("context parallelism (cp_group) splits packed micro-batches: "
                              "set remove_padding")
         self.dp_group, self.cp_group, self.metric_prefix = dp_group, cp_group, metric_prefix
+        self.cp_algorithm = cp_algorithm
         self.head = head or LogProbHead()
         self.sharded = sharded
         self.offload_optimizer = offload_optimizer
@@ -437,7 +440,7 @@ class TrainEngine:
         """The head's (K,) values of `packed`, this rank computing its share of the tokens
         and the group's pieces gathered (`rl_core.engines.context`)."""
         local = packed.shard(dist.get_rank(self.cp_group), size)
-        with context_parallel(self.cp_group):
+        with context_parallel(self.cp_group, self.cp_algorithm):
             values, extra = self.head.packed(self.model, local, temperature, with_entropy)
         values = gather_shards(values, local.counts, self.cp_group)
         return values, (gather_shards(extra, local.counts, self.cp_group)

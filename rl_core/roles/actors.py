@@ -76,6 +76,15 @@ def host_copy(state: Any) -> Any:
     return copy.deepcopy(state)
 
 
+def context_options(role: Any) -> dict[str, Any]:
+    """An engine's context-parallel options of a role in context-parallel groups (none when
+    it is not): its groups and the spec's algorithm."""
+    if role.cp_group is None:
+        return {}
+    return {"cp_group": role.cp_group, "dp_group": role.dp_group,
+            "cp_algorithm": role.spec.parallel.context_parallel_algo}
+
+
 def temperature_of(params: SamplingParams) -> float:
     return params.temperature if params.do_sample else 1.0
 
@@ -111,7 +120,7 @@ class TrainedRole(Worker):
     def start_engine(self, spec: RunSpec) -> None:
         self.sharded = spec.actor.strategy == "fsdp2"
         self.context_parallel = spec.parallel.context_parallel_size
-        check_heads(self.model.config, self.context_parallel)
+        check_heads(self.model.config, self.context_parallel, spec.parallel.context_parallel_algo)
         self.engine = None
         if not self.sharded:
             self.engine = self.plain_engine()
@@ -123,13 +132,13 @@ class TrainedRole(Worker):
             self.engine = self.sharded_engine(role_mesh(self.device, self.world_size))
         else:
             self.engine.dp_group, self.engine.cp_group = self.dp_group, self.cp_group
+            self.engine.cp_algorithm = self.spec.parallel.context_parallel_algo
 
     @property
     def groups(self) -> dict[str, Any]:
-        """A sharded engine's data- and context-parallel groups where they are not the mesh's."""
-        if self.cp_group is None:
-            return {}
-        return {"cp_group": self.cp_group, "dp_group": self.dp_group}
+        """A sharded engine's data- and context-parallel groups where they are not the mesh's
+        (and the context-parallel algorithm)."""
+        return context_options(self)
 
     def plain_engine(self) -> Any:
         raise NotImplementedError
@@ -400,14 +409,13 @@ class ReferenceWorker(Worker):
         self.model = model.to(home).eval().requires_grad_(False)
         self.temperature = temperature_of(sampling)
         self.context_parallel = spec.parallel.context_parallel_size
-        check_heads(self.model.config, self.context_parallel)
+        check_heads(self.model.config, self.context_parallel, spec.parallel.context_parallel_algo)
         self.engine = None
         if self.sharded and world_size == 1:
             self.init_alone(role_backend(spec))
 
     def on_distributed(self) -> None:
-        groups = {} if self.cp_group is None else {"cp_group": self.cp_group,
-                                                   "dp_group": self.dp_group}
+        groups = context_options(self)
         if not self.sharded:
             if groups:  # a forward over the group's shares: an engine of its own
                 self.engine = TrainEngine(self.model, lr=0.0, device=self.device,

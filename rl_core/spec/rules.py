@@ -29,7 +29,6 @@ NOT_IMPLEMENTED: dict[str, tuple[Any, ...]] = {
     "reward.reward_model": (None,),
     "parallel.tensor_parallel_size": (1,),
     "parallel.pipeline_parallel_size": (1,),
-    "parallel.context_parallel_algo": ("ulysses",),
     "parallel.colocate_actor_rollout": (True,),  # rollout generates in the training process
     "parallel.resharding": ("auto",),  # one layout for training and inference: nothing to reshard
 }

@@ -471,14 +471,14 @@ class ParallelConfig(Strict):
         gt=0,
         le=MAX_PARALLEL,
         description="Context-parallel size: the packed tokens of each micro-batch are split "
-        "over this many devices (Ulysses: attention exchanged by all-to-all, each device a share "
-        "of the heads; needs actor.use_remove_padding and heads divisible by it); the devices "
-        "of a group hold the same rows.",
+        "over this many devices, which hold the same rows (needs actor.use_remove_padding; "
+        "with `ulysses`, attention heads divisible by it).",
     )
     context_parallel_algo: Literal["ulysses", "ring"] = Field(
         "ulysses",
-        description="Context-parallel algorithm: `ulysses`, all-to-all over heads; `ring`, "
-        "key/value blocks passed around the group.",
+        description="Context-parallel attention: `ulysses` exchanges tokens for heads by "
+        "all-to-all (two exchanges a layer, each device a share of the heads); `ring` passes "
+        "key/value blocks around the group (any head count; size - 1 passes a layer).",
     )
     data_parallel_size: int | None = Field(
         None,

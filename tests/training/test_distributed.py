@@ -61,17 +61,18 @@ def test_two_ranks_on_ray_equal_one_rank_in_process(tmp_path, tiny_cache, local_
         assert torch.allclose(value, b[name], atol=1e-5), name
 
 
+@pytest.mark.parametrize("algorithm", ["ulysses", "ring"])
 def test_two_context_parallel_ranks_on_ray_equal_one_rank_in_process(tmp_path, tiny_cache,
-                                                                       local_ray):
+                                                                       local_ray, algorithm):
     """GRPO with the reference, old log-probs and two passes: both ranks hold every row and
-    split its packed tokens (Ulysses), so the run is one rank's."""
+    split its packed tokens, so the run is one rank's."""
     def spec(out: Path, devices: int, **parallel) -> dict:
         return tiny_spec(out, actor={"use_remove_padding": True}, parallel=parallel,
                          resources={"devices_per_node": devices}, trainer={"total_steps": 2})
 
     RLTrainer(resolve_spec(spec(tmp_path / "one", 1))).fit()
-    trainer = RLTrainer(resolve_spec(spec(tmp_path / "two", 2, context_parallel_size=2)),
-                        backend="ray")
+    trainer = RLTrainer(resolve_spec(spec(tmp_path / "two", 2, context_parallel_size=2,
+                                          context_parallel_algo=algorithm)), backend="ray")
     for role in (trainer.roles.actor, trainer.roles.reference):
         assert [(r["data_parallel"], r["context_parallel"], r["engine_context_parallel"])
                 for r in role.call("layout")] == [(1, 2, 2)] * 2

@@ -1,8 +1,9 @@
-"""Context parallelism (Ulysses) on two CPU ranks (gloo) equals one rank: the packed tokens of
-each micro-batch split over the ranks, attention exchanged by all-to-all, give the log-probs,
-entropy, values, metrics and weights of the plain engine on one rank, with the plain engine
-and with FSDP2 sharding over the same ranks; key/value heads too few to split are repeated;
-heads that do not divide are refused naming both numbers."""
+"""Context parallelism on two CPU ranks (gloo) equals one rank: the packed tokens of each
+micro-batch split over the ranks, attention exchanged by all-to-all (Ulysses) or by passing the
+keys and values around the ring, give the log-probs, entropy, values, metrics and weights of
+the plain engine on one rank, with the plain engine and with FSDP2 sharding over the same
+ranks; key/value heads too few to split are repeated; heads that Ulysses cannot split are
+refused naming both numbers."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import copy
 
 import pytest
 import torch
-from test_fsdp_engine import OPTIONS, STEPS, batches, spawn
+from test_fsdp_engine import OPTIONS, batches, spawn
 from test_train_engine import R, ppo_loss_fn
 
 from rl_core.engines.packing import pack
@@ -30,7 +31,15 @@ def forward(engine, batch, **options):
                                    batch["position_ids"], R, **options)
 
 
-def _context_rank(rank: int, out: str, shape: str, strategy: str) -> None:
+# (shape, strategy, algorithm) of the training cases, all run by one pair of ranks
+CASES = [("gqa", "torch", "ulysses"), ("one-kv-head", "torch", "ulysses"),
+         ("gqa", "fsdp2", "ulysses"), ("gqa", "torch", "ring"), ("one-kv-head", "fsdp2", "ring")]
+ALGORITHMS = ("ulysses", "ring")
+# a different weight for every response column: each token's value matters to the loss
+WEIGHTS = torch.linspace(-1.0, 2.0, R)
+
+
+def _steps(shape: str, strategy: str, algorithm: str) -> dict:
     """Both ranks hold every row: the context-parallel group is the whole world."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -42,26 +51,67 @@ def _context_rank(rank: int, out: str, shape: str, strategy: str) -> None:
     world = dist.group.WORLD
     if strategy == "fsdp2":
         engine = FSDP2Engine(model, mesh=init_device_mesh("cpu", (2,)), cp_group=world,
-                             dp_group=None, **PACKED)
+                             dp_group=None, cp_algorithm=algorithm, **PACKED)
     else:
-        engine = TrainEngine(model, cp_group=world, **PACKED)
+        engine = TrainEngine(model, cp_group=world, cp_algorithm=algorithm, **PACKED)
     with torch.no_grad():
         before = forward(engine, data[0], temperature=0.7, with_entropy=True)
     metrics = [engine.train_step(b, ppo_loss_fn(), with_entropy=True) for b in data]
     weights = (engine.full_state_dict() if strategy == "fsdp2"
                else {k: v.clone() for k, v in engine.model.state_dict().items()})
+    return {"before": before, "metrics": metrics, "weights": weights}
+
+
+def _values(algorithm: str) -> dict:
+    """A critic's values, and its gradients summed over the ranks' parts."""
+    import torch.distributed as dist
+
+    engine = TrainEngine(_critic(), cp_group=dist.group.WORLD, cp_algorithm=algorithm,
+                         head=ValueHead(), **PACKED)
+    values, _ = forward(engine, batches(256, build_tiny("nano", seed=1)[0])[1], grad=True)
+    (values * WEIGHTS).sum().backward()
+    grads = {}
+    for name, param in engine.model.named_parameters():
+        grads[name] = param.grad.clone()
+        dist.all_reduce(grads[name])
+    return {"values": values.detach(), "grads": grads}
+
+
+def _indivisible() -> str:
+    import torch.distributed as dist
+
+    from rl_core.engines.context import context_parallel, ulysses_attention
+
+    q = torch.zeros(1, 3, 4, 8)
+    try:
+        with context_parallel(dist.group.WORLD):
+            ulysses_attention(lambda *a, **k: None, torch.nn.Module(), q, q, q, dist.group.WORLD)
+    except ValueError as exc:
+        return str(exc)
+    return "accepted"
+
+
+def _every_case(rank: int, out: str) -> None:
+    """Every two-rank case of this module in one group (one start of two processes)."""
+    results = {"steps": {case: _steps(*case) for case in CASES},
+               "values": {algorithm: _values(algorithm) for algorithm in ALGORITHMS},
+               "indivisible": _indivisible()}
     if rank == 0:
-        torch.save({"before": before, "metrics": metrics, "weights": weights}, out)
+        torch.save(results, out)
 
 
-@pytest.mark.parametrize("shape,strategy", [("gqa", "torch"), ("one-kv-head", "torch"),
-                                            ("gqa", "fsdp2")])
-def test_two_context_parallel_ranks_equal_one_rank(tmp_path, shape, strategy):
-    out = tmp_path / "cp.pt"
-    spawn(_context_rank, 2, tmp_path, str(out), shape, strategy)
-    got = torch.load(out, weights_only=False)
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("context-parallel")
+    out = folder / "results.pt"
+    spawn(_every_case, 2, folder, str(out))
+    return torch.load(out, weights_only=False)
 
-    model, tokenizer = nano(shape)
+
+@pytest.mark.parametrize("case", CASES, ids=["-".join(case) for case in CASES])
+def test_two_context_parallel_ranks_equal_one_rank(two_ranks, case):
+    got = two_ranks["steps"][case]
+    model, tokenizer = nano(case[0])
     data = batches(tokenizer.pad_token_id, model)
     plain = TrainEngine(model, **PACKED)
     with torch.no_grad():
@@ -80,26 +130,6 @@ def test_two_context_parallel_ranks_equal_one_rank(tmp_path, shape, strategy):
             assert difference < 5e-5, (name, difference)
 
 
-def _values_rank(rank: int, out: str) -> None:
-    import torch.distributed as dist
-
-    critic = _critic()
-    engine = TrainEngine(critic, cp_group=dist.group.WORLD, head=ValueHead(), **PACKED)
-    batch = batches(256, build_tiny("nano", seed=1)[0])[1]
-    values, _ = forward(engine, batch, grad=True)
-    (values * WEIGHTS).sum().backward()
-    grads = {}
-    for name, param in engine.model.named_parameters():  # each rank's part: summed
-        grads[name] = param.grad.clone()
-        dist.all_reduce(grads[name])
-    if rank == 0:
-        torch.save({"values": values.detach(), "grads": grads}, out)
-
-
-# a different weight for every response column: each token's value matters to the loss
-WEIGHTS = torch.linspace(-1.0, 2.0, R)
-
-
 def _critic():
     from transformers import AutoModelForTokenClassification
 
@@ -110,12 +140,11 @@ def _critic():
     return AutoModelForTokenClassification.from_config(config).eval()  # no dropout
 
 
-def test_a_critics_values_and_their_gradients_equal_one_ranks(tmp_path):
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_a_critics_values_and_their_gradients_equal_one_ranks(two_ranks, algorithm):
     """The gradient of each rank's share flows back through the exchanges; the ranks' partial
     gradients (here of a forward outside train_step) sum to one rank's."""
-    out = tmp_path / "values.pt"
-    spawn(_values_rank, 2, tmp_path, str(out))
-    got = torch.load(out, weights_only=False)
+    got = two_ranks["values"][algorithm]
     engine = TrainEngine(_critic(), head=ValueHead(), **PACKED)
     values, _ = forward(engine, batches(256, build_tiny("nano", seed=1)[0])[1], grad=True)
     torch.testing.assert_close(got["values"], values.detach(), rtol=1e-5, atol=1e-5)
@@ -123,6 +152,10 @@ def test_a_critics_values_and_their_gradients_equal_one_ranks(tmp_path):
     for name, param in engine.model.named_parameters():
         assert param.grad.abs().sum() > 0, name
         torch.testing.assert_close(got["grads"][name], param.grad, rtol=1e-4, atol=1e-6)
+
+
+def test_heads_that_do_not_divide_by_the_group_are_refused_naming_both(two_ranks):
+    assert "3 heads do not divide by 2 ranks" in two_ranks["indivisible"]
 
 
 def test_a_packed_sequence_is_padded_to_equal_shares_that_keep_every_response_token():
@@ -145,27 +178,6 @@ def test_a_packed_sequence_is_padded_to_equal_shares_that_keep_every_response_to
     assert torch.equal(torch.cat([s.labels for s in shares]), whole.labels)
     with pytest.raises(ValueError, match=f"cannot be shared by {size + 1} ranks"):
         packed.shard(0, size + 1)
-
-
-def _indivisible(rank: int, out: str) -> None:
-    import torch.distributed as dist
-
-    from rl_core.engines.context import context_parallel, ulysses_attention
-
-    q = torch.zeros(1, 3, 4, 8)
-    try:
-        with context_parallel(dist.group.WORLD):
-            ulysses_attention(lambda *a, **k: None, torch.nn.Module(), q, q, q,
-                              dist.group.WORLD)
-    except ValueError as exc:
-        if rank == 0:
-            torch.save(str(exc), out)
-
-
-def test_heads_that_do_not_divide_by_the_group_are_refused_naming_both(tmp_path):
-    out = tmp_path / "refused.pt"
-    spawn(_indivisible, 2, tmp_path, str(out))
-    assert "3 heads do not divide by 2 ranks" in torch.load(out)
 
 
 def test_context_parallelism_needs_packing():
@@ -194,10 +206,10 @@ def test_the_spec_takes_context_parallelism_with_packing_and_refuses_it_without(
     with pytest.raises(SpecError, match=r"parallel.context_parallel_size: 2 splits each packed "
                                         r".*set actor.use_remove_padding: true"):
         cp_spec(2, use_remove_padding=False)
-    with pytest.raises(SpecError, match=r"parallel.context_parallel_algo.*not implemented yet "
-                                        r"\(only ulysses\)"):
-        resolve_spec({"model": {"path": "tiny:nano"}, "data": {"synthetic": {"task": "addition"}},
-                      "parallel": {"context_parallel_algo": "ring"}})
+    assert cp_spec(2).parallel.context_parallel_algo == "ulysses"  # the default
+    ring = resolve_spec({**cp_spec(2).model_dump(mode="json"),
+                         "parallel": {"context_parallel_size": 2, "context_parallel_algo": "ring"}})
+    assert ring.parallel.context_parallel_algo == "ring"
 
 
 def test_the_plan_shares_activations_and_shards_over_the_context_group():
@@ -213,6 +225,18 @@ def test_the_plan_shares_activations_and_shards_over_the_context_group():
     # fsdp2 shards over data- x context-parallel ranks: all 4 devices either way, not the 2
     # data-parallel ranks
     assert two["actor parameter shards"] == one["actor parameter shards"] == 27_136 // 4 * 4
+    assert "actor ring attention blocks" not in two
+    plan = mp.plan(cp_spec(2), mp.tiny_shape("nano"), 80 * mp.GIB)
+    ring_spec = cp_spec(2).model_copy(update={"parallel": cp_spec(2).parallel.model_copy(
+        update={"context_parallel_algo": "ring"})})
+    ring = {c.name: c.bytes for c in mp.plan(ring_spec, mp.tiny_shape("nano"),
+                                              80 * mp.GIB).components}
+    # micro-batches of 2 rows x (128 + 64) tokens, 192 a device: in each of 2 layers, 2 blocks
+    # x 4 heads x 192 tokens x (head_dim 8 x (2 float32 keys/values + 1 float32 output) + a
+    # float32 log-sum-exp), and one step's float32 scores and weights, 2 x 4 x 4 x 192 x 192
+    assert ring["actor ring attention blocks"] == (2 * 2 * 4 * 192 * (8 * 12 + 4)
+                                                   + 2 * 4 * 4 * 192 * 192)
+    assert plan.total_bytes < mp.plan(ring_spec, mp.tiny_shape("nano"), 80 * mp.GIB).total_bytes
 
 
 def test_heads_the_group_cannot_share_are_refused_naming_the_field():
@@ -222,5 +246,6 @@ def test_heads_the_group_cannot_share_are_refused_naming_the_field():
     config = nano("gqa")[0].config
     check_heads(config, 2)
     with pytest.raises(InputError, match=r"parallel.context_parallel_size: 3 does not divide the "
-                                         r"model's 4 attention heads"):
+                                         r"model's 4 attention heads.*context_parallel_algo: ring"):
         check_heads(config, 3)
+    check_heads(config, 3, "ring")  # ring attention splits tokens, not heads
