@@ -16,6 +16,9 @@ operations.md says how). The lines, each `ok`, `FAIL` (with the error) or `skip`
   padded/packed (the aim on an H200: at least 1.5).
 - bf16 masters: a bfloat16 engine's float32 master weights keep an update below bfloat16's
   resolution that pure bfloat16 loses.
+- logprobs: response log-probs and entropy of 16,384 positions of bfloat16 logits over a 151,936
+  vocabulary, forward and backward: the chunked function the engines use against the whole
+  float32 log-softmax; values alike, the chunked peak memory below the dense one.
 - update MFU: 6 x parameters x real tokens over the packed update's time, against the matmul
   peak measured here (a large bf16 matmul).
 - rollout: the native engine's response tokens/s with its decode step replayed from device
@@ -51,7 +54,7 @@ from rl_core.collectives import all_reduce, reduce_numbers  # noqa: E402
 FULL_SHAPE = {"hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14,
               "num_key_value_heads": 2, "intermediate_size": 4864,
               "max_position_embeddings": 2048}
-LINES = ("collectives", "fsdp2", "packing", "masters", "mfu", "rollout", "demo")
+LINES = ("collectives", "fsdp2", "packing", "masters", "logprobs", "mfu", "rollout", "demo")
 
 
 class Check:
@@ -202,6 +205,49 @@ def line_masters(check: Check) -> dict:
     return {"ok": ok, "entries_moved_with_masters": moved[True], "without": moved[False]}
 
 
+def line_logprobs(check: Check) -> dict:
+    """Response log-probs and entropy of bfloat16 logits on the device, forward and backward:
+    the chunked function the engines use against the whole float32 log-softmax it replaced."""
+    from rl_core.engines.train import token_logprobs
+
+    tokens, vocab = (512, 4096) if check.smoke else (16384, 151936)  # Qwen's vocabulary
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(1, tokens, vocab, generator=g).to(check.device, check.dtype)
+    labels = torch.randint(0, vocab, (1, tokens), generator=g).to(check.device)
+    results = {}
+
+    def dense(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logp = x.float().log_softmax(-1)
+        return logp.gather(-1, labels[..., None])[..., 0], -(logp.exp() * logp).sum(-1)
+
+    def chunked(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logprobs, entropy = token_logprobs(x, labels, with_entropy=True)
+        assert entropy is not None
+        return logprobs, entropy
+
+    for name, run in (("dense", dense), ("chunked", chunked)):
+        x = logits.detach().requires_grad_()
+        check.sync()
+        devices.reset_peak(check.device)
+        base = devices.memory_stats(check.device).get("allocated_bytes", 0.0)
+        start = time.perf_counter()
+        logprobs, entropy = run(x)
+        (logprobs.sum() + entropy.sum()).backward()
+        check.sync()
+        seconds = time.perf_counter() - start
+        peak = devices.memory_stats(check.device)["peak_bytes"] - base
+        results[name] = (logprobs.detach().float(), entropy.detach().float(), peak, seconds)
+    (lp_d, ent_d, peak_d, s_d), (lp_c, ent_c, peak_c, s_c) = results["dense"], results["chunked"]
+    same = bool(torch.allclose(lp_c, lp_d, atol=1e-3) and torch.allclose(ent_c, ent_d, atol=1e-2))
+    accelerator = check.kind.name != "cpu"  # a CPU's peak is the process's resident set
+    out = {"ok": same and (peak_c < peak_d or not accelerator),
+           "max_logprob_diff": float((lp_c - lp_d).abs().max()),
+           "seconds": round(s_c, 3), "dense_seconds": round(s_d, 3)}
+    if accelerator:
+        out.update(peak_gb=round(peak_c / 2**30, 2), dense_peak_gb=round(peak_d / 2**30, 2))
+    return out
+
+
 def _matmul_peak(check: Check) -> float:
     """FLOP/s of a large matmul in the compute dtype (the chip's practical peak)."""
     n = 512 if check.smoke else 8192
@@ -298,7 +344,8 @@ def line_demo(check: Check) -> dict:
 
 CHECKS: dict[str, Callable[[Check], dict]] = {
     "collectives": line_collectives, "fsdp2": line_fsdp2, "packing": line_packing,
-    "masters": line_masters, "mfu": line_mfu, "rollout": line_rollout, "demo": line_demo,
+    "masters": line_masters, "logprobs": line_logprobs, "mfu": line_mfu,
+    "rollout": line_rollout, "demo": line_demo,
 }
 
 

@@ -1034,7 +1034,8 @@ def format_table(p: MemoryPlan) -> str:
     """The plan as a fixed-width table (per device, one column per phase) and the verdict."""
     s, unit = p.setup, _unit(p)
     lines = [f"memory plan of {p.model or 'the run'}: {_count(p.parameters)} parameters, "
-             f"{s.dtype}, actor.strategy={s.strategy} over {s.devices} {_noun(s)}(s)",
+             f"{s.dtype}, actor.strategy={s.strategy} over {s.ranks} {_noun(s)}(s)"
+             + (f", {s.context_parallel} to a sequence" if s.context_parallel > 1 else ""),
              _row(f"{unit[0]} per device", [*PHASES, "host"])]
     for c in p.components:
         cells = [_size(c.bytes, unit) if phase in c.phases else "" for phase in PHASES]

@@ -19,7 +19,8 @@ def test_every_line_of_the_device_check_passes_on_the_cpu(tmp_path):
 
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     lines = json.loads(out.read_text())
-    assert list(lines) == ["collectives", "fsdp2", "packing", "masters", "mfu", "rollout", "demo"]
+    assert list(lines) == ["collectives", "fsdp2", "packing", "masters", "logprobs", "mfu",
+                           "rollout", "demo"]
     for name, line in lines.items():
         assert line.get("ok") or "skip" in line, (name, line)
     assert "skip" not in lines["collectives"] and lines["collectives"]["backend"] == "gloo"

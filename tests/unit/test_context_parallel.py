@@ -249,3 +249,21 @@ def test_heads_the_group_cannot_share_are_refused_naming_the_field():
                                          r"model's 4 attention heads.*context_parallel_algo: ring"):
         check_heads(config, 3)
     check_heads(config, 3, "ring")  # ring attention splits tokens, not heads
+
+
+def test_the_long_response_example_fits_only_with_context_parallelism():
+    """32k-token sequences, two to a micro-batch: split over 8 NPUs the update fits a 910B;
+    on one it would need more than the device."""
+    from pathlib import Path
+
+    from rl_core import memory_plan as mp
+    from rl_core.spec import load_spec
+
+    spec = load_spec(Path(__file__).parents[2] / "examples" / "grpo_qwen3_8b_long.yaml")
+    assert spec.parallel.context_parallel_size == 8 and spec.world_size == 16
+    split = mp.plan(spec, mp.shape_of(spec))
+    alone = spec.model_copy(update={"parallel": spec.parallel.model_copy(
+        update={"context_parallel_size": 1})})
+    whole = mp.plan(alone, mp.shape_of(alone))
+    assert split.fits and not whole.fits
+    assert split.phase_bytes()["backward"] < whole.phase_bytes()["backward"] / 4
