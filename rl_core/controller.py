@@ -203,12 +203,12 @@ class Controller:
     @property
     def dp(self) -> int:
         """Data-parallel ranks: groups of ranks holding different rows."""
-        return self.roles.actor.size // self.spec.parallel.context_parallel_size
+        return self.roles.actor.size // self.spec.model_parallel_size
 
     def per_rank(self, shares: list[Any]) -> list[Any]:
         """The `dp` shares, one per data-parallel rank, for every rank of the actor's group:
-        the ranks of a context-parallel group share their rows."""
-        return [share for share in shares for _ in range(self.spec.parallel.context_parallel_size)]
+        the ranks of a context- and tensor-parallel block share their rows."""
+        return [share for share in shares for _ in range(self.spec.model_parallel_size)]
 
     # ----------------------------------------------------------------------- checkpoints
 
@@ -442,9 +442,9 @@ class Controller:
         }
         # sharded (or context-parallel) roles' forwards are collectives: they cannot pull
         # chunks from the channel, so their stages are called on every rank's share at once
-        # (`SHARDED_STAGES`; the ranks of a context-parallel group on the same share)
-        cp = self.spec.parallel.context_parallel_size
-        sharded = self.spec.actor.strategy == "fsdp2" or cp > 1
+        # (`SHARDED_STAGES`; the ranks of a context- and tensor-parallel block on one share)
+        mp = self.spec.model_parallel_size
+        sharded = self.spec.actor.strategy == "fsdp2" or mp > 1
         direct = [s for s in stages if sharded and s in SHARDED_STAGES]
         stages = [s for s in stages if s not in direct]
         started = time.perf_counter()  # (a local group works while it is submitted)
@@ -477,8 +477,8 @@ class Controller:
                      for stage in stages for name in plan[stage][2]})
         for stage, stage_started, pending_map in mapped:
             (column,) = plan[stage][2]
-            # rank after rank (one of each context group): rows of `order`
-            stacked = torch.cat(collect(pending_map)[0][::cp])
+            # rank after rank (one of each block): rows of `order`
+            stacked = torch.cat(collect(pending_map)[0][::mp])
             out[column] = stacked.new_empty(stacked.shape).index_copy_(0, order, stacked)
             timer.seconds[stage] += time.perf_counter() - stage_started
         timer.seconds["stages"] += time.perf_counter() - started

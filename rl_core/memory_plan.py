@@ -76,6 +76,15 @@ flight through the layer being back-propagated (b·(2h + 2I)). Micro-batches are
 sequences at full length (max_prompt_length + max_new_tokens); with `actor.use_dynamic_bsz` a
 micro-batch holds `max_token_len_per_gpu // length` such rows.
 
+Tensor parallelism (`parallel.tensor_parallel_size` t, with fsdp2): FSDP2 shards each
+tensor-parallel part over the other devices, so a device still holds 1/devices of the training
+state; what it gathers to compute (a layer, the root, their gradients) is 1/t of it. Activations
+are split t ways (sequence parallelism for the norms and the residual stream, heads and MLP width
+for the rest), except the gathered inputs of attention and the MLP (2·b·h a layer) and of the
+output head, which their column-parallel projections keep whole for backward; each device
+computes the logits of 1/t of the vocabulary. The rollout is not split yet: the native engine
+generates with the full weights on every device.
+
 Logits of a micro-batch: rows × response length × vocabulary elements in `model.dtype` from the
 output head, and in training their gradient, as large; the log-probs and entropy are computed a
 chunk of positions at a time (`rl_core.algos.entropy.chunked_logprobs`), whose float32 buffers
@@ -420,11 +429,14 @@ class Setup:
     # parallel.context_parallel_size: the devices sharing each row's tokens, and how
     context_parallel: int = 1
     context_parallel_algo: str = "ulysses"
+    # parallel.tensor_parallel_size: the devices splitting each layer's matrices
+    tensor_parallel: int = 1
 
     @property
     def ranks(self) -> int:
-        """Devices: data-parallel × context-parallel (FSDP2 shards over all of them)."""
-        return self.devices * self.context_parallel
+        """Devices: data- × context- × tensor-parallel (FSDP2 shards over the first two, each
+        tensor-parallel part of the model: every device holds 1/ranks of it)."""
+        return self.devices * self.context_parallel * self.tensor_parallel
 
     @property
     def dtype_bytes(self) -> int:
@@ -438,11 +450,12 @@ class Setup:
 def setup_of(spec: RunSpec) -> Setup:
     """The `Setup` of a resolved spec."""
     dp, n = spec.data_parallel_size, spec.rollout.n_samples_per_prompt
-    cp = spec.parallel.context_parallel_size
-    prompts = math.ceil(spec.data.train_batch_size / (dp * cp))  # every device rolls out
+    cp, tp = spec.parallel.context_parallel_size, spec.parallel.tensor_parallel_size
+    prompts = math.ceil(spec.data.train_batch_size / (dp * cp * tp))  # every device rolls out
     # greedy validation, one response per prompt, when the run evaluates (the spec then has
     # validation prompts)
-    val_rows = math.ceil(spec.data.val_batch_size / (dp * cp)) if spec.trainer.eval_every else 0
+    val_rows = (math.ceil(spec.data.val_batch_size / (dp * cp * tp)) if spec.trainer.eval_every
+                else 0)
     return Setup(
         dtype=spec.model.dtype, strategy=spec.actor.strategy, devices=dp,
         gradient_checkpointing=spec.model.gradient_checkpointing,
@@ -457,7 +470,7 @@ def setup_of(spec: RunSpec) -> Setup:
         gpu_memory_utilization=spec.rollout.gpu_memory_utilization,
         max_model_len=vllm_max_model_len(spec),
         master_weights=spec.actor.master_weights, context_parallel=cp,
-        context_parallel_algo=spec.parallel.context_parallel_algo,
+        context_parallel_algo=spec.parallel.context_parallel_algo, tensor_parallel=tp,
     )
 
 
@@ -680,11 +693,15 @@ def _fsdp2_state(role: str, params: int, root: int, layer: int, s: Setup, offloa
     moments = (((), True) if offload_param else (TRAINED, False) if not offload_optimizer
                else (("step",), True))  # made by the first step
     over = f"float32, 1/{s.ranks} per device"
+    t = s.tensor_parallel  # a device gathers its tensor-parallel part of a unit only
+    root, layer = math.ceil(root / t), math.ceil(layer / t)
+    part = f" (1/{t}: tensor parallel)" if t > 1 else ""
     return [
         Component(f"{role} host copy before sharding", params * (b + 4 if b < 4 else 4), (),
                   f"on the host during load: loaded in {s.dtype}, cast to float32", True),
         Component(f"{role} unit being sharded", max(root, layer) * 4, ("load",),
-                  "the largest unit (a layer or the root) in float32, moved to be sharded"),
+                  f"the largest unit (a layer or the root){part} in float32, moved to be "
+                  "sharded"),
         Component(f"{role} parameter shards", shard, where[0], f"master weights, {over}",
                   where[1]),
         Component(f"{role} gradient shards", shard, ("backward", "step") if not offload_param
@@ -694,9 +711,9 @@ def _fsdp2_state(role: str, params: int, root: int, layer: int, s: Setup, offloa
         Component(f"{role} AdamW step temporary", 0 if offload_param else shard, ("step",),
                   "one moment-sized buffer of the foreach step"),
         Component(f"{role} gathered layers", (root + 2 * layer) * b, ("backward",),
-                  f"root + the running and the next layer, {s.dtype}"),
+                  f"root + the running and the next layer{part}, {s.dtype}"),
         Component(f"{role} unsharded gradients", (root + layer) * b + layer * 4, ("backward",),
-                  "the root's and one layer's, reduced in float32"),
+                  f"the root's and one layer's{part}, reduced in float32"),
         Component(f"{role} root gradient reduce", root * (b + 4), ("step",),
                   "the root's gradients, upcast to float32 at the end of backward"),
     ]
@@ -799,25 +816,32 @@ def _kv_cache_bytes(s: Setup, shape: ModelShape) -> int:
 
 
 def activation_bytes_per_token(shape: ModelShape, dtype_bytes: int, checkpointing: bool,
-                               seq_len: int = 0, attention: str = "sdpa") -> int:
+                               seq_len: int = 0, attention: str = "sdpa",
+                               tensor_parallel: int = 1) -> int:
     """Activation bytes one token of a training micro-batch keeps for backward (all layers;
-    the formula is in the module docstring). `seq_len` matters for `eager` attention only."""
-    b, h, inter = dtype_bytes, shape.hidden_size, shape.intermediate_size
+    the formula is in the module docstring). `seq_len` matters for `eager` attention only.
+    With `tensor_parallel` t every term is split t ways, but for the gathered inputs of
+    attention and the MLP (2·b·h a layer) and of the output head (b·h)."""
+    b, h, inter, t = dtype_bytes, shape.hidden_size, shape.intermediate_size, tensor_parallel
     layer = 2 * (4 + b) * h + 5 * b * shape.q_width + 4 * b * inter
     if shape.qk_norm:
         layer += (4 + b) * (shape.q_width + shape.kv_width)
     if attention == "eager":
         layer += shape.num_attention_heads * seq_len * (4 + b)
+    gathered = 2 * b * h if t > 1 else 0
+    layer = math.ceil(layer / t) + gathered
     layers = shape.num_hidden_layers
-    kept = layers * b * h + layer if checkpointing else layers * layer
-    return kept + (4 + 2 * b) * h + b * (2 * h + 2 * inter)
+    kept = layers * math.ceil(b * h / t) + layer if checkpointing else layers * layer
+    top = (4 + 2 * b) * h + b * (2 * h + 2 * inter)
+    return kept + (math.ceil(top / t) + b * h if t > 1 else top)
 
 
-def forward_bytes_per_token(shape: ModelShape, dtype_bytes: int) -> int:
-    """Working bytes per token of a forward without gradients: one layer's intermediates."""
+def forward_bytes_per_token(shape: ModelShape, dtype_bytes: int, tensor_parallel: int = 1) -> int:
+    """Working bytes per token of a forward without gradients: one layer's intermediates (the
+    projections' outputs split `tensor_parallel` ways, their gathered input whole)."""
     h, inter = shape.hidden_size, shape.intermediate_size
     fused = shape.q_width + 2 * shape.kv_width + 2 * inter
-    return dtype_bytes * (fused + inter + 2 * h) + 4 * h
+    return dtype_bytes * (math.ceil((fused + inter) / tensor_parallel) + 2 * h) + 4 * h
 
 
 def logits_bytes(rows: int, response_len: int, vocab: int, dtype_bytes: int, training: bool) -> int:
@@ -830,8 +854,9 @@ def logits_bytes(rows: int, response_len: int, vocab: int, dtype_bytes: int, tra
 
 def _actor_passes(s: Setup, shape: ModelShape) -> list[Component]:
     """The actor's training micro-batch and its old log-prob forward."""
-    b, seq, vocab = s.dtype_bytes, s.seq_len, shape.vocab_size
-    per_token = activation_bytes_per_token(shape, b, s.gradient_checkpointing, seq, s.attention)
+    b, seq, vocab = s.dtype_bytes, s.seq_len, _vocab_part(s, shape)
+    per_token = activation_bytes_per_token(shape, b, s.gradient_checkpointing, seq, s.attention,
+                                           s.tensor_parallel)
     how = "checkpointed" if s.gradient_checkpointing else "all layers kept"
     cp, shared = s.context_parallel, _shared(s)
     parts = [
@@ -848,8 +873,8 @@ def _actor_passes(s: Setup, shape: ModelShape) -> list[Component]:
         parts += _forward("actor old log-probs", s.old_logprob_rows, s, shape, vocab)
         if s.strategy == "fsdp2":
             parts.append(Component("actor gathered layers (log-probs)",
-                                   (shape.root_parameters + 2 * shape.layer_parameters) * b,
-                                   ("log-probs",), "root + two layers"))
+                                   _gathered_layers(s, shape) * b, ("log-probs",),
+                                   "root + two layers"))
     return parts
 
 
@@ -860,7 +885,8 @@ def _forward(name: str, rows: int, s: Setup, shape: ModelShape, vocab: int) -> l
     logits = (logits_bytes(rows, s.response_len, vocab, b, False) if vocab > 1
               else rows * s.response_len * 4)
     return [
-        Component(f"{name} forward", tokens * forward_bytes_per_token(shape, b), ("log-probs",),
+        Component(f"{name} forward", tokens * forward_bytes_per_token(shape, b, s.tensor_parallel),
+                  ("log-probs",),
                   f"{rows} rows x {s.seq_len} tokens{_shared(s)}, one layer at a time"),
         Component(f"{name} logits", math.ceil(logits / cp), ("log-probs",)),
     ]
@@ -880,6 +906,17 @@ def _ring_weights(role: str, rows: int, s: Setup, shape: ModelShape) -> Componen
                      f"{s.context_parallel} blocks of {local} tokens a layer, scores recomputed")
 
 
+def _vocab_part(s: Setup, shape: ModelShape) -> int:
+    """The output head's columns one device computes: its part of the vocabulary."""
+    return math.ceil(shape.vocab_size / s.tensor_parallel)
+
+
+def _gathered_layers(s: Setup, shape: ModelShape) -> int:
+    """Parameters FSDP2 gathers on a device to compute: the root and two layers (their
+    tensor-parallel part)."""
+    return math.ceil((shape.root_parameters + 2 * shape.layer_parameters) / s.tensor_parallel)
+
+
 def _shared(s: Setup) -> str:
     """How a context-parallel group shares a micro-batch's tokens, for the notes."""
     return f" / {s.context_parallel} devices" if s.context_parallel > 1 else ""
@@ -891,7 +928,7 @@ def _shared(s: Setup) -> str:
 def _reference(s: Setup, shape: ModelShape) -> list[Component]:
     if s.reference_rows is None:
         return []
-    forward = _forward("reference", s.reference_rows, s, shape, shape.vocab_size)
+    forward = _forward("reference", s.reference_rows, s, shape, _vocab_part(s, shape))
     offload = s.reference_offload and s.device_type != "cpu"
     if s.strategy == "fsdp2":  # sharded in model.dtype, without gradients or optimizer state
         b = s.dtype_bytes
@@ -902,8 +939,8 @@ def _reference(s: Setup, shape: ModelShape) -> list[Component]:
                       () if offload else PHASES,
                       f"{s.dtype}, 1/{s.ranks} per device"
                       + (", in host memory" if offload else ""), offload),
-            Component("reference gathered layers",
-                      (shape.root_parameters + 2 * shape.layer_parameters) * b, ("log-probs",),
+            Component("reference gathered layers", _gathered_layers(s, shape) * b,
+                      ("log-probs",),
                       f"root + the running and the next layer, {s.dtype}"),
             *forward]
     phases = ("log-probs",) if offload else PHASES
@@ -916,7 +953,8 @@ def _reference(s: Setup, shape: ModelShape) -> list[Component]:
 def _critic(s: Setup, shape: ModelShape) -> list[Component]:
     """The critic: its own training state, an update without checkpointing, a values forward."""
     rows, seq = s.critic_rows or 0, s.seq_len
-    per_token = activation_bytes_per_token(shape, s.dtype_bytes, False, seq, s.attention)
+    per_token = activation_bytes_per_token(shape, s.dtype_bytes, False, seq, s.attention,
+                                           s.tensor_parallel)
     state = _train_state("critic", shape.critic_parameters, shape.critic_root_parameters,
                          shape.layer_parameters, s)
     update = Component("critic activations", math.ceil(rows * seq / s.context_parallel) * per_token,
@@ -1035,7 +1073,8 @@ def format_table(p: MemoryPlan) -> str:
     s, unit = p.setup, _unit(p)
     lines = [f"memory plan of {p.model or 'the run'}: {_count(p.parameters)} parameters, "
              f"{s.dtype}, actor.strategy={s.strategy} over {s.ranks} {_noun(s)}(s)"
-             + (f", {s.context_parallel} to a sequence" if s.context_parallel > 1 else ""),
+             + (f", {s.context_parallel} to a sequence" if s.context_parallel > 1 else "")
+             + (f", {s.tensor_parallel} to a layer" if s.tensor_parallel > 1 else ""),
              _row(f"{unit[0]} per device", [*PHASES, "host"])]
     for c in p.components:
         cells = [_size(c.bytes, unit) if phase in c.phases else "" for phase in PHASES]

@@ -51,7 +51,7 @@ def chunked_logprobs(
     return ChunkedLogProbs.apply(logits, labels, temperature, with_entropy, chunk_bytes)
 
 
-def _blocks(batch: int, length: int, rows: int) -> Iterator[tuple[slice, slice]]:
+def position_blocks(batch: int, length: int, rows: int) -> Iterator[tuple[slice, slice]]:
     """(row, column) slices covering a (batch, length) grid with at most `rows` positions each:
     whole rows when a row fits, else pieces of one row (so the logits need no flattening copy)."""
     if batch * length == 0:
@@ -66,7 +66,7 @@ def _blocks(batch: int, length: int, rows: int) -> Iterator[tuple[slice, slice]]
                 yield slice(i, i + 1), slice(j, j + rows)
 
 
-def _scaled(block: torch.Tensor, temperature: float, dtype: torch.dtype) -> torch.Tensor:
+def scaled_logits(block: torch.Tensor, temperature: float, dtype: torch.dtype) -> torch.Tensor:
     """A fresh (n, V) copy of a (b, t, V) block of logits in `dtype`, divided by temperature."""
     z = torch.empty(block.shape, dtype=dtype, device=block.device)
     z.copy_(block)
@@ -78,7 +78,7 @@ def _scaled(block: torch.Tensor, temperature: float, dtype: torch.dtype) -> torc
 def _forward_chunk(block, label, temperature, dtype, with_entropy):
     """One chunk of positions: log p of the label, max z, log Σ exp(z - max z) and the entropy
     (None unless asked), each (n, 1). Its (n, V) buffers are freed on return."""
-    z = _scaled(block, temperature, dtype)  # (n, V)
+    z = scaled_logits(block, temperature, dtype)  # (n, V)
     top = z.amax(-1, keepdim=True)  # (n, 1)
     z.sub_(top)
     logsum = z.exp().sum(-1, keepdim=True).log_()  # (n, 1)
@@ -89,10 +89,13 @@ def _forward_chunk(block, label, temperature, dtype, with_entropy):
     return picked, top, logsum, -logp.exp().mul_(logp).sum(-1, keepdim=True)
 
 
-def _backward_chunk(out, block, label, top, logsum, entropy, g_logp, g_entropy, temperature):
+def logprob_grad_chunk(out, block, label, top, logsum, entropy, g_logp, g_entropy, temperature,
+                    hit=None):
     """Writes one chunk's gradient into `out`, a (b, t, V) view of the logits' gradient; the
-    per-position inputs are (n, 1), the gradients None where no gradient reached an output."""
-    logp = _scaled(block, temperature, top.dtype).sub_(top).sub_(logsum)  # (n, V)
+    per-position inputs are (n, 1), the gradients None where no gradient reached an output.
+    `hit` (n, 1) bool: where the label lies in `block`'s vocabulary (a part of it, split over
+    ranks; None: always)."""
+    logp = scaled_logits(block, temperature, top.dtype).sub_(top).sub_(logsum)  # (n, V)
     p = logp.exp()  # (n, V)
     if g_entropy is None:
         dz = p.mul_(-g_logp)
@@ -101,8 +104,8 @@ def _backward_chunk(out, block, label, top, logsum, entropy, g_logp, g_entropy, 
         if g_logp is not None:
             weight.add_(g_logp)
         dz = p.mul_(weight).neg_()  # -p·(g_logp + g_H·(log p + H))
-    if g_logp is not None:
-        dz.scatter_add_(-1, label, g_logp)  # + g_logp·onehot(label)
+    if g_logp is not None:  # + g_logp·onehot(label)
+        dz.scatter_add_(-1, label, g_logp if hit is None else g_logp * hit)
     if temperature != 1.0:
         dz.div_(temperature)
     out.copy_(dz.view(out.shape))
@@ -124,7 +127,7 @@ class ChunkedLogProbs(torch.autograd.Function):
         logprobs = logits.new_empty((batch, length), dtype=dtype)
         maxes, logsums = torch.empty_like(logprobs), torch.empty_like(logprobs)
         entropy = torch.empty_like(logprobs) if with_entropy else None
-        for r, c in _blocks(batch, length, rows):
+        for r, c in position_blocks(batch, length, rows):
             shape = labels[r, c].shape
             results = _forward_chunk(logits[r, c], labels[r, c].reshape(-1, 1), temperature,
                                      dtype, with_entropy)
@@ -146,9 +149,9 @@ class ChunkedLogProbs(torch.autograd.Function):
             return None, None, None, None, None
         grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
         batch, length, _ = logits.shape
-        for r, c in _blocks(batch, length, ctx.rows):
+        for r, c in position_blocks(batch, length, ctx.rows):
             per_position = [t[r, c].reshape(-1, 1) if t is not None else None
                             for t in (labels, maxes, logsums, entropy, grad_logprobs,
                                       grad_entropy)]  # each (n, 1)
-            _backward_chunk(grad[r, c], logits[r, c], *per_position, ctx.temperature)
+            logprob_grad_chunk(grad[r, c], logits[r, c], *per_position, ctx.temperature)
         return grad, None, None, None, None

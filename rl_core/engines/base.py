@@ -17,6 +17,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from rl_core.errors import InputError
+
 # loss_fn(micro, outputs (b, R), entropy (b, R) | None) -> (scalar loss, metrics)
 LossFn = Callable[[dict[str, Any], torch.Tensor, "torch.Tensor | None"],
                   tuple[torch.Tensor, Mapping[str, Any]]]
@@ -54,3 +56,14 @@ class TrainingEngine(Protocol):
 
     def reload(self) -> None:
         """Bring them back to the device."""
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The decoder layers to shard one by one (`model.model.layers` of a Hugging Face causal LM
+    or token classifier); an InputError when the model has none there."""
+    body = getattr(model, "model", None)
+    layers = getattr(body, "layers", None)
+    if not isinstance(layers, torch.nn.ModuleList) or not len(layers):
+        raise InputError(f"model: cannot find the decoder layers of {type(model).__name__} to "
+                         "shard with FSDP2 (expected model.model.layers); use actor.strategy=torch")
+    return list(layers)

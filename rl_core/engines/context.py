@@ -219,33 +219,43 @@ def gather_shards(piece: torch.Tensor, counts: Sequence[int], group: Any) -> tor
     return _GatherShards.apply(piece, list(counts), group)
 
 
-def context_groups(world_size: int, size: int) -> tuple[Any, Any]:
-    """This rank's data-parallel group (the ranks at its place in every context group: they
-    hold different rows) and its context-parallel group (`size` consecutive ranks holding the
-    same rows); rank = data-parallel index × size + context index. Every rank calls it (each
-    group is made by all ranks, in the same order)."""
-    if world_size % size:
-        raise ValueError(f"{world_size} ranks cannot form context groups of {size}")
+def context_groups(world_size: int, size: int, tensor: int = 1) -> tuple[Any, Any]:
+    """This rank's data-parallel group (the ranks at its place in every block of size × `tensor`
+    consecutive ranks: they hold different rows) and its context-parallel group (the `size`
+    ranks of its block at its tensor-parallel index; None when `size` is 1). rank = (data index
+    × size + context index) × tensor + tensor index. Every rank calls it (each group is made by
+    all ranks, in the same order)."""
+    block = size * tensor
+    if world_size % block:
+        raise ValueError(f"{world_size} ranks cannot form groups of {size} context × {tensor} "
+                         "tensor-parallel ranks")
     rank = dist.get_rank()
     dp_group = cp_group = None
-    for first in range(0, world_size, size):
-        group = dist.new_group(list(range(first, first + size)))
-        if first <= rank < first + size:
-            cp_group = group
-    for offset in range(size):
-        group = dist.new_group(list(range(offset, world_size, size)))
-        if rank % size == offset:
+    if size > 1:
+        for first in range(0, world_size, block):
+            for t in range(tensor):
+                members = list(range(first + t, first + block, tensor))
+                group = dist.new_group(members)
+                if rank in members:
+                    cp_group = group
+    for offset in range(block):
+        members = list(range(offset, world_size, block))
+        group = dist.new_group(members)
+        if rank in members:
             dp_group = group
     return dp_group, cp_group
 
 
 def check_heads(config: Any, size: int, algorithm: str = "ulysses",
-                field: str = "parallel.context_parallel_size") -> None:
+                field: str = "parallel.context_parallel_size", tensor: int = 1) -> None:
     """An InputError naming `field` when `size` ranks cannot share the model's attention heads
-    for Ulysses (query heads must divide by it; key/value heads that do not are repeated);
-    ring attention splits no heads."""
+    for Ulysses (query heads, those of one of `tensor` tensor-parallel ranks, must divide by
+    it; key/value heads that do not are repeated); ring attention splits no heads."""
     heads = getattr(config, "num_attention_heads", None)
+    if heads is not None and tensor > 1:
+        heads //= tensor
     if algorithm == "ulysses" and size > 1 and heads is not None and heads % size:
-        raise InputError(f"{field}: {size} does not divide the model's {heads} attention heads "
-                         "(Ulysses gives each rank an equal share of them): pick a divisor of "
-                         f"{heads}, or parallel.context_parallel_algo: ring")
+        where = f" of a tensor-parallel rank (1/{tensor} of them)" if tensor > 1 else ""
+        raise InputError(f"{field}: {size} does not divide the model's {heads} attention "
+                         f"heads{where} (Ulysses gives each rank an equal share of them): pick "
+                         f"a divisor of {heads}, or parallel.context_parallel_algo: ring")

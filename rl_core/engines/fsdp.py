@@ -5,6 +5,11 @@ data-parallel ranks instead of copied on each.
     engine = FSDP2Engine(model, mesh=mesh, lr=1e-5, ...)    # the options of TrainEngine
     metrics = engine.train_step(shard, loss_fn)             # each rank its rows, as the plain engine
 
+With a two-dimensional mesh named ("shard", "tp") each unit is first split by tensor
+parallelism over "tp" (`rl_core.engines.tensor`: the ranks of a "tp" block hold the same rows)
+and then sharded over "shard"; parameters are then DTensors over both dimensions, and a
+sharded checkpoint written on one layout loads on another.
+
 Give the model on the host (CPU): `fully_shard` moves each unit to the mesh's device as it shards
 it, so the full model never sits on the device in float32. `fully_shard` wraps each decoder layer (`model.model.layers`, as Hugging Face decoders lay them
 out) and then the root, over `mesh` (its device type is always passed explicitly). Parameters stay
@@ -25,7 +30,7 @@ from typing import Any
 
 import torch
 
-from rl_core.engines.base import LossFn, WeightBucket
+from rl_core.engines.base import LossFn, WeightBucket, decoder_layers
 from rl_core.engines.train import PARAM_DTYPES, TrainEngine, engine_options
 from rl_core.errors import InputError
 
@@ -33,35 +38,45 @@ from rl_core.errors import InputError
 _MESH = object()  # FSDP2Engine's default data-parallel group: the mesh's
 
 
-def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The decoder layers to shard one by one (`model.model.layers` of a Hugging Face causal LM
-    or token classifier); an InputError when the model has none there."""
-    body = getattr(model, "model", None)
-    layers = getattr(body, "layers", None)
-    if not isinstance(layers, torch.nn.ModuleList) or not len(layers):
-        raise InputError(f"model: cannot find the decoder layers of {type(model).__name__} to "
-                         "shard with FSDP2 (expected model.model.layers); use actor.strategy=torch")
-    return list(layers)
-
-
 def shard_model(model: torch.nn.Module, mesh: Any, param_dtype: str = "float32",
                 reshard_after_forward: bool = True, offload: bool = False) -> torch.nn.Module:
     """`fully_shard` each decoder layer, then the root (in place); gradients summed, in float32.
     `offload`: the shards live in host memory (FSDP2's CPUOffloadPolicy, pinned), each unit
-    copied to the device for its forward and backward."""
+    copied to the device for its forward and backward. A `mesh` with a "tp" dimension: each
+    unit is first split by tensor parallelism over it (`rl_core.engines.tensor`), then sharded
+    over its "shard" dimension."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+    from rl_core.engines.tensor import SHARD_DIM, TP_DIM, parallelize
 
     policy = MixedPrecisionPolicy(param_dtype=PARAM_DTYPES[param_dtype], reduce_dtype=torch.float32)
     pin = mesh.device_type != "cpu"  # page-locked host memory exists beside an accelerator only
     extra = {"offload_policy": CPUOffloadPolicy(pin_memory=pin)} if offload else {}
     units = [*decoder_layers(model), model]  # the root last: it takes what the layers leave
-    for unit in units:
-        fully_shard(unit, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward,
-                    **extra)
+    split = TP_DIM in (mesh.mesh_dim_names or ())
+    shard_mesh = mesh[SHARD_DIM] if split else mesh
+
+    def shard(unit: torch.nn.Module) -> None:
+        fully_shard(unit, mesh=shard_mesh, mp_policy=policy,
+                    reshard_after_forward=reshard_after_forward, **extra)
+
+    if split:
+        parallelize(model, mesh[TP_DIM], each=shard)
+    else:
+        for unit in units:
+            shard(unit)
     for unit in units:  # summed gradients, with plain SUM collectives (gloo has no PREMUL_SUM)
         unit.set_gradient_divide_factor(1.0)
         unit.set_force_sum_reduction_for_comms(True)
     return model
+
+
+def _shard_mesh(mesh: Any) -> Any:
+    """The mesh FSDP2 shards over: `mesh`'s "shard" dimension beside tensor parallelism, or
+    all of it."""
+    from rl_core.engines.tensor import SHARD_DIM, TP_DIM
+
+    return mesh[SHARD_DIM] if TP_DIM in (mesh.mesh_dim_names or ()) else mesh
 
 
 class FSDP2Engine:
@@ -84,10 +99,11 @@ class FSDP2Engine:
         # it, so a model given on the host reaches the device one layer at a time
         model = model.to(dtype=torch.float32)
         shard_model(model, mesh, param_dtype, reshard_after_forward, offload=offload_param)
+        shard_mesh = _shard_mesh(mesh)
         if offload_param:  # the moments are already in host memory, next to the shards
             options["offload_optimizer"] = False
         if dp_group is _MESH:
-            dp_group = mesh.get_group()
+            dp_group = shard_mesh.get_group()
         self.inner = TrainEngine(model, device=device, dp_group=dp_group, cp_group=cp_group,
                                  sharded=True, **options)
 
@@ -103,8 +119,10 @@ class FSDP2Engine:
         engine.mesh = mesh
         model = model.to(dtype=PARAM_DTYPES[param_dtype]).requires_grad_(False)
         shard_model(model, mesh, param_dtype, offload=offload)
+        shard_mesh = _shard_mesh(mesh)
         engine.inner = TrainEngine(model, device=_mesh_device(mesh),
-                                   dp_group=mesh.get_group() if dp_group is _MESH else dp_group,
+                                   dp_group=shard_mesh.get_group() if dp_group is _MESH
+                                   else dp_group,
                                    cp_group=cp_group, sharded=True, param_dtype=param_dtype,
                                    lr=0.0, **batching)
         return engine
@@ -156,7 +174,7 @@ class FSDP2Engine:
 
         model, optimizer = get_state_dict(self.model, self.inner.optimizer)
         dcp.save({"model": model, "optimizer": optimizer}, checkpoint_id=str(folder),
-                 process_group=self.dp_group)
+                 process_group=None)  # every rank of the role
 
     def load_sharded(self, folder: str | Path) -> None:
         """Weights and optimizer state from a `save_sharded` folder, written by any number of
@@ -173,7 +191,7 @@ class FSDP2Engine:
         model, optimizer = get_state_dict(self.model, self.inner.optimizer)
         state = {"model": model, "optimizer": optimizer}
         try:
-            dcp.load(state, checkpoint_id=str(folder), process_group=self.dp_group)
+            dcp.load(state, checkpoint_id=str(folder), process_group=None)  # every rank of the role
         except Exception as exc:  # DCP wraps every rank's failure in a CheckpointException
             raise InputError(f"{folder}: cannot load this sharded checkpoint into "
                              f"{type(self.model).__name__}: {_first_line(exc)}") from exc

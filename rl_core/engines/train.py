@@ -87,6 +87,7 @@ from rl_core.engines.balance import token_micro_batches
 from rl_core.engines.base import LossFn, WeightBucket
 from rl_core.engines.context import context_parallel, gather_shards
 from rl_core.engines.packing import Packed, attention_of, pack, prepare_packing
+from rl_core.engines.tensor import is_vocab_parallel, vocab_parallel_logprobs
 from rl_core.errors import NonFiniteError
 
 if TYPE_CHECKING:
@@ -202,6 +203,8 @@ def token_logprobs(
     of positions at a time (`chunked_logprobs`): no float32 copy of the (b, R, V) logits is made
     or kept for backward, only the logits as the model returned them.
     """
+    if is_vocab_parallel(logits):  # a tensor-parallel LM head's part of the vocabulary
+        return vocab_parallel_logprobs(logits, labels, temperature, with_entropy)
     return chunked_logprobs(logits, labels, temperature, with_entropy)
 
 

@@ -32,6 +32,7 @@ from rl_core.data.prompts import decode_rows
 from rl_core.determinism import seed_everything
 from rl_core.engines import training_engine
 from rl_core.engines.context import check_heads
+from rl_core.engines.tensor import check_tensor_parallel
 from rl_core.engines.train import PARAM_DTYPES, TrainEngine, ValueHead, batch_options
 from rl_core.errors import NonFiniteError, TrainingStopped
 from rl_core.models.loading import load_model_and_tokenizer
@@ -58,10 +59,21 @@ def role_backend(spec: RunSpec) -> str:
     return devices.get_kind(spec.resources.device_type).backend
 
 
-def role_mesh(device: torch.device, size: int):
+def role_mesh(role: Any):
+    """The device mesh of a role's sharded engine: its ranks, split by tensor parallelism."""
     from rl_core import device as devices
 
-    return devices.device_mesh(device, size)
+    return devices.device_mesh(role.device, role.world_size, role.tensor_parallel)
+
+
+def join_layout(role: Any, spec: RunSpec, model: Any) -> None:
+    """Set a role's context- and tensor-parallel sizes from `spec`, refusing (naming the field)
+    a model whose heads or widths the groups cannot share."""
+    p = spec.parallel
+    role.context_parallel, role.tensor_parallel = p.context_parallel_size, p.tensor_parallel_size
+    check_tensor_parallel(model.config, role.tensor_parallel)
+    check_heads(model.config, role.context_parallel, p.context_parallel_algo,
+                tensor=role.tensor_parallel)
 
 
 def host_copy(state: Any) -> Any:
@@ -77,12 +89,12 @@ def host_copy(state: Any) -> Any:
 
 
 def context_options(role: Any) -> dict[str, Any]:
-    """An engine's context-parallel options of a role in context-parallel groups (none when
-    it is not): its groups and the spec's algorithm."""
-    if role.cp_group is None:
+    """An engine's groups of a role in context- or tensor-parallel blocks (none when it is
+    not): the data-parallel group, and the context-parallel one with the spec's algorithm."""
+    if role.context_parallel * role.tensor_parallel == 1:
         return {}
-    return {"cp_group": role.cp_group, "dp_group": role.dp_group,
-            "cp_algorithm": role.spec.parallel.context_parallel_algo}
+    cp = {"cp_group": role.cp_group, "cp_algorithm": role.spec.parallel.context_parallel_algo}
+    return {"dp_group": role.dp_group, **(cp if role.cp_group is not None else {})}
 
 
 def temperature_of(params: SamplingParams) -> float:
@@ -119,8 +131,7 @@ class TrainedRole(Worker):
 
     def start_engine(self, spec: RunSpec) -> None:
         self.sharded = spec.actor.strategy == "fsdp2"
-        self.context_parallel = spec.parallel.context_parallel_size
-        check_heads(self.model.config, self.context_parallel, spec.parallel.context_parallel_algo)
+        join_layout(self, spec, self.model)
         self.engine = None
         if not self.sharded:
             self.engine = self.plain_engine()
@@ -129,7 +140,7 @@ class TrainedRole(Worker):
 
     def on_distributed(self) -> None:
         if self.sharded:
-            self.engine = self.sharded_engine(role_mesh(self.device, self.world_size))
+            self.engine = self.sharded_engine(role_mesh(self))
         else:
             self.engine.dp_group, self.engine.cp_group = self.dp_group, self.cp_group
             self.engine.cp_algorithm = self.spec.parallel.context_parallel_algo
@@ -408,8 +419,7 @@ class ReferenceWorker(Worker):
             model, _ = load_policy(spec, spec.model.path, home)
         self.model = model.to(home).eval().requires_grad_(False)
         self.temperature = temperature_of(sampling)
-        self.context_parallel = spec.parallel.context_parallel_size
-        check_heads(self.model.config, self.context_parallel, spec.parallel.context_parallel_algo)
+        join_layout(self, spec, self.model)
         self.engine = None
         if self.sharded and world_size == 1:
             self.init_alone(role_backend(spec))
@@ -426,7 +436,7 @@ class ReferenceWorker(Worker):
         from rl_core.engines.fsdp import FSDP2Engine
 
         # sharded in place: the model is the reference's own (loaded on the host, or a copy)
-        self.engine = FSDP2Engine.frozen(self.model, mesh=role_mesh(self.device, self.world_size),
+        self.engine = FSDP2Engine.frozen(self.model, mesh=role_mesh(self),
                                          param_dtype=self.spec.model.dtype,
                                          offload=self.offload, **groups,
                                          **batch_options(self.spec.actor))

@@ -46,9 +46,10 @@ class Worker:
     def __init__(self, rank: int = 0, world_size: int = 1) -> None:
         self.rank, self.world_size = rank, world_size
         self.dp_group = None
-        # context parallelism: ranks in groups of this many share rows (`cp_group`); then
-        # `dp_group` holds the ranks with different rows
-        self.context_parallel, self.cp_group = 1, None
+        # context and tensor parallelism: blocks of context × tensor ranks share rows
+        # (`cp_group`: the block's ranks at one tensor-parallel index); then `dp_group` holds
+        # the ranks with different rows
+        self.context_parallel, self.tensor_parallel, self.cp_group = 1, 1, None
         self.stage_peaks: dict[str, float] = {}  # stage -> peak bytes (see `measured`)
         self.profiler = StageProfiler(self.role, rank)  # traces of chosen stages
         self.dumper = StageDumper(self.role, rank)  # precision dumps of chosen stages
@@ -104,8 +105,9 @@ class Worker:
         return out
 
     def layout(self) -> dict[str, int]:
-        """This rank's place: its rank, the role's size, the sizes of its data- and context-
-        parallel groups, and the context-parallel group its engine computes with (1: none)."""
+        """This rank's place: its rank, the role's size, the sizes of its data-, context- and
+        tensor-parallel groups, and the context- and tensor-parallel groups its engine computes
+        with (1: none)."""
         import torch.distributed as dist
 
         def size(group: Any) -> int:
@@ -113,9 +115,13 @@ class Worker:
 
         engine = getattr(self, "engine", None)
         inner = getattr(engine, "inner", engine)
+        mesh = getattr(engine, "mesh", None)
+        names = getattr(mesh, "mesh_dim_names", None) or ()
         return {"rank": self.rank, "world_size": self.world_size,
                 "data_parallel": size(self.dp_group), "context_parallel": size(self.cp_group),
-                "engine_context_parallel": size(getattr(inner, "cp_group", None))}
+                "tensor_parallel": self.tensor_parallel,
+                "engine_context_parallel": size(getattr(inner, "cp_group", None)),
+                "engine_tensor_parallel": mesh["tp"].size() if "tp" in names else 1}
 
     def ping(self) -> int:
         """The process id: proves the rank is up (and lets tests kill it)."""
@@ -142,10 +148,11 @@ class Worker:
             raise RuntimeError(f"{self.role}: this process is in a group of "
                                f"{dist.get_world_size()} ranks, not {self.world_size}")
         self.dp_group = dist.group.WORLD
-        if self.context_parallel > 1:
+        if self.context_parallel > 1 or self.tensor_parallel > 1:
             from rl_core.engines.context import context_groups
 
-            self.dp_group, self.cp_group = context_groups(self.world_size, self.context_parallel)
+            self.dp_group, self.cp_group = context_groups(
+                self.world_size, self.context_parallel, self.tensor_parallel)
         self.on_distributed()
 
     def init_alone(self, backend: str) -> None:

@@ -27,7 +27,6 @@ if TYPE_CHECKING:  # RunSpec checks itself with these rules
 NOT_IMPLEMENTED: dict[str, tuple[Any, ...]] = {
     "rollout.tensor_parallel_size": (1,),
     "reward.reward_model": (None,),
-    "parallel.tensor_parallel_size": (1,),
     "parallel.pipeline_parallel_size": (1,),
     "parallel.colocate_actor_rollout": (True,),  # rollout generates in the training process
     "parallel.resharding": ("auto",),  # one layout for training and inference: nothing to reshard
@@ -395,6 +394,16 @@ def _rule_context_parallel(s: RunSpec) -> Iterator[Violation]:
                "actor.use_remove_padding: true, or context_parallel_size: 1")
 
 
+def _rule_tensor_parallel(s: RunSpec) -> Iterator[Violation]:
+    """Tensor parallelism splits the model's matrices as DTensors, which the FSDP2 engine
+    trains: it needs `actor.strategy: fsdp2`."""
+    size = s.parallel.tensor_parallel_size
+    if size > 1 and s.actor.strategy != "fsdp2":
+        yield ("parallel.tensor_parallel_size",
+               f"{size} splits the model's matrices over {size} devices, which the fsdp2 engine "
+               f"trains: set actor.strategy: fsdp2, or tensor_parallel_size: 1")
+
+
 def _rule_rollout_engine(s: RunSpec) -> Iterator[Violation]:
     """vLLM's settings only with `rollout.engine: vllm`, or `auto` on gpu and npu (on cpu it is
     the native engine); its memory share only on accelerators; its length fits a prompt and a
@@ -468,6 +477,7 @@ RULES: tuple[Callable[[RunSpec], Iterator[Violation]], ...] = (
     _rule_offload,
     _rule_master_weights,
     _rule_context_parallel,
+    _rule_tensor_parallel,
     _rule_rollout_engine,
     _rule_tools,
 )

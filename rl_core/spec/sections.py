@@ -463,7 +463,14 @@ class ParallelConfig(Strict):
     """Training layout. The inference layout is `rollout.tensor_parallel_size`."""
 
     tensor_parallel_size: int = Field(
-        1, gt=0, le=MAX_PARALLEL, description="Training tensor-parallel size.")
+        1,
+        gt=0,
+        le=MAX_PARALLEL,
+        description="Training tensor-parallel size: each decoder layer's matrices, the "
+        "embedding and the LM head are split over this many devices, which hold the same rows "
+        "(needs actor.strategy: fsdp2, which shards over the rest; attention heads, key/value "
+        "heads and the MLP width divisible by it).",
+    )
     pipeline_parallel_size: int = Field(
         1, gt=0, le=MAX_PARALLEL, description="Training pipeline-parallel size.")
     context_parallel_size: int = Field(

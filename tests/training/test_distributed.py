@@ -61,21 +61,34 @@ def test_two_ranks_on_ray_equal_one_rank_in_process(tmp_path, tiny_cache, local_
         assert torch.allclose(value, b[name], atol=1e-5), name
 
 
-@pytest.mark.parametrize("algorithm", ["ulysses", "ring"])
-def test_two_context_parallel_ranks_on_ray_equal_one_rank_in_process(tmp_path, tiny_cache,
-                                                                       local_ray, algorithm):
-    """GRPO with the reference, old log-probs and two passes: both ranks hold every row and
-    split its packed tokens, so the run is one rank's."""
-    def spec(out: Path, devices: int, **parallel) -> dict:
-        return tiny_spec(out, actor={"use_remove_padding": True}, parallel=parallel,
-                         resources={"devices_per_node": devices}, trainer={"total_steps": 2})
+# the two ranks' layout: the spec's parallel section (and actor) -> each rank's place
+LAYOUTS = {
+    "ulysses": ({"context_parallel_size": 2}, {}, (1, 2, 1, 2, 1)),
+    "ring": ({"context_parallel_size": 2, "context_parallel_algo": "ring"}, {}, (1, 2, 1, 2, 1)),
+    "tensor": ({"tensor_parallel_size": 2}, {"strategy": "fsdp2"}, (1, 1, 2, 1, 2)),
+}
 
-    RLTrainer(resolve_spec(spec(tmp_path / "one", 1))).fit()
-    trainer = RLTrainer(resolve_spec(spec(tmp_path / "two", 2, context_parallel_size=2,
-                                          context_parallel_algo=algorithm)), backend="ray")
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_two_model_parallel_ranks_on_ray_equal_one_rank_in_process(tmp_path, tiny_cache,
+                                                                   local_ray, layout):
+    """GRPO with the reference, old log-probs and two passes: both ranks hold every row and
+    split its packed tokens (context parallelism) or the model's matrices (tensor
+    parallelism), so the run is one rank's."""
+    parallel, actor, place = LAYOUTS[layout]
+
+    def spec(out: Path, devices: int, **sections) -> dict:
+        return tiny_spec(out, resources={"devices_per_node": devices}, trainer={"total_steps": 2},
+                         **sections)
+
+    RLTrainer(resolve_spec(spec(tmp_path / "one", 1, actor={"use_remove_padding": True}))).fit()
+    trainer = RLTrainer(resolve_spec(spec(tmp_path / "two", 2, parallel=parallel,
+                                          actor={"use_remove_padding": True, **actor})),
+                        backend="ray")
+    names = ("data_parallel", "context_parallel", "tensor_parallel", "engine_context_parallel",
+             "engine_tensor_parallel")
     for role in (trainer.roles.actor, trainer.roles.reference):
-        assert [(r["data_parallel"], r["context_parallel"], r["engine_context_parallel"])
-                for r in role.call("layout")] == [(1, 2, 2)] * 2
+        assert [tuple(r[n] for n in names) for r in role.call("layout")] == [place] * 2
     trainer.fit()
     one, two = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")
     assert [m["step"] for m in one] == [m["step"] for m in two] == [1, 2]
@@ -84,7 +97,9 @@ def test_two_context_parallel_ranks_on_ray_equal_one_rank_in_process(tmp_path, t
     for left, right in zip(one, two):
         right = {k: v for k, v in stable_metrics(right).items() if not k.startswith("channel/")}
         left = {k: v for k, v in stable_metrics(left).items() if not k.startswith("channel/")}
-        assert left == pytest.approx(right, rel=1e-4, abs=1e-6), left["step"]
+        # actor/ppo_kl is itself of the order of rounding (old and new log-probs of the same
+        # weights, about 3e-6): split matrices sum in another order, so it may differ by 1e-6
+        assert left == pytest.approx(right, rel=1e-4, abs=3e-6), left["step"]
 
 
 # GRPO and PPO on two deterministic Ray ranks equal one rank in process (test_golden.py), so

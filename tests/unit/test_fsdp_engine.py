@@ -158,7 +158,7 @@ def test_two_sharded_ranks_equal_one_plain_rank(tmp_path, cuts, extra):
 
 
 def test_a_model_without_decoder_layers_is_refused():
-    from rl_core.engines.fsdp import decoder_layers
+    from rl_core.engines.base import decoder_layers
     from rl_core.errors import InputError
 
     with pytest.raises(InputError, match="cannot find the decoder layers of Linear"):

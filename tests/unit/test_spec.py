@@ -228,9 +228,20 @@ RULE_CASES = [
         "advantage.dynamic_sampling.enable=false",
     ),
     (
-        ["resources.devices_per_node=3", "parallel.tensor_parallel_size=2"],
-        "parallel.tensor_parallel_size",
+        ["resources.devices_per_node=3", "parallel.pipeline_parallel_size=2"],
+        "parallel.pipeline_parallel_size",
         "2 is not implemented yet (only 1)",
+    ),
+    (
+        ["resources.devices_per_node=3", "parallel.tensor_parallel_size=2",
+         "actor.strategy=fsdp2"],
+        "parallel",
+        "do not split into groups of tensor × pipeline × context parallel = 2",
+    ),
+    (
+        ["resources.devices_per_node=2", "parallel.tensor_parallel_size=2"],
+        "parallel.tensor_parallel_size",
+        "set actor.strategy: fsdp2, or tensor_parallel_size: 1",
     ),
     (
         ["resources.devices_per_node=4", "parallel.data_parallel_size=2"],

@@ -341,18 +341,18 @@ def test_a_value_not_implemented_yet_is_refused_at_its_field(path):
 
 def test_the_refusal_reads_as_one_line_naming_the_field():
     with pytest.raises(SpecError) as caught:
-        resolve_spec(MINIMAL, ["parallel.tensor_parallel_size=2"])
+        resolve_spec(MINIMAL, ["parallel.pipeline_parallel_size=2"])
     assert str(caught.value) == (
-        "parallel.tensor_parallel_size: 2 is not implemented yet (only 1); see docs/run-spec.md"
+        "parallel.pipeline_parallel_size: 2 is not implemented yet (only 1); see docs/run-spec.md"
     )
 
 
 def test_the_refusal_comes_instead_of_the_cross_field_rules():
     # 3 does not divide 4 devices, and the clip ratios are crossed: only the refusal is reported.
     with pytest.raises(SpecError) as caught:
-        resolve_spec(MINIMAL, ["resources.devices_per_node=4", "parallel.tensor_parallel_size=3",
+        resolve_spec(MINIMAL, ["resources.devices_per_node=4", "parallel.pipeline_parallel_size=3",
                                "actor.clip_ratio_low=0.5"])
-    assert [e["field"] for e in caught.value.errors] == ["parallel.tensor_parallel_size"]
+    assert [e["field"] for e in caught.value.errors] == ["parallel.pipeline_parallel_size"]
 
 
 def test_validating_runspec_directly_reports_the_refusal_at_the_field():
