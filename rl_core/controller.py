@@ -371,16 +371,18 @@ class Controller:
 
     def generate(self, prompt_ids: list[list[int]], params: SamplingParams,
                  seed: int | None = None) -> Batch:
-        """Sample the prompts on the actor's ranks (each its contiguous share) as one batch;
-        `prompt_index` counts the prompts of the whole call."""
+        """Sample the prompts on the actor's ranks (each rollout group its contiguous share,
+        every rank of a group the same) as one batch; `prompt_index` counts the prompts of the
+        whole call."""
         if seed is None:
             seed = self.draw_seed() if params.do_sample else 0
         total = len(prompt_ids) * params.n
-        shards = Batch({"prompt_ids": list(prompt_ids)}).split(self.roles.actor.size)
+        size = self.spec.rollout.tensor_parallel_size
+        shards = Batch({"prompt_ids": list(prompt_ids)}).split(self.roles.actor.size // size)
         firsts = [sum(len(s) for s in shards[:rank]) for rank in range(len(shards))]
         parts = self.roles.actor.map("generate", [
             (shard.prompt_ids, params, seed, (first * params.n, (first + len(shard)) * params.n),
-             total) for shard, first in zip(shards, firsts)])
+             total) for shard, first in zip(shards, firsts) for _ in range(size)])[::size]
         made = [(part, first) for part, first in zip(parts, firsts) if part is not None]
         if len(made) == 1:
             return made[0][0]

@@ -82,8 +82,12 @@ state; what it gathers to compute (a layer, the root, their gradients) is 1/t of
 are split t ways (sequence parallelism for the norms and the residual stream, heads and MLP width
 for the rest), except the gathered inputs of attention and the MLP (2·b·h a layer) and of the
 output head, which their column-parallel projections keep whole for backward; each device
-computes the logits of 1/t of the vocabulary. The rollout is not split yet: the native engine
-generates with the full weights on every device.
+computes the logits of 1/t of the vocabulary.
+
+A rollout group (`rollout.tensor_parallel_size` r, the native engine with fsdp2): each device
+holds 1/r of the layers' weights (the embedding, norms and head whole), of the fast decoder's
+packed copies, of the KV cache (its key/value heads) and of the prefill's projections; the group
+generates the prompts of r devices together.
 
 Logits of a micro-batch: rows × response length × vocabulary elements in `model.dtype` from the
 output head, and in training their gradient, as large; the log-probs and entropy are computed a
@@ -431,6 +435,8 @@ class Setup:
     context_parallel_algo: str = "ulysses"
     # parallel.tensor_parallel_size: the devices splitting each layer's matrices
     tensor_parallel: int = 1
+    # rollout.tensor_parallel_size: the devices of a rollout group, each its part of the layers
+    rollout_parallel: int = 1
 
     @property
     def ranks(self) -> int:
@@ -451,11 +457,12 @@ def setup_of(spec: RunSpec) -> Setup:
     """The `Setup` of a resolved spec."""
     dp, n = spec.data_parallel_size, spec.rollout.n_samples_per_prompt
     cp, tp = spec.parallel.context_parallel_size, spec.parallel.tensor_parallel_size
-    prompts = math.ceil(spec.data.train_batch_size / (dp * cp * tp))  # every device rolls out
+    rp = spec.rollout.tensor_parallel_size
+    groups = max(1, dp * cp * tp // rp)  # every device rolls out, a rollout group together
+    prompts = math.ceil(spec.data.train_batch_size / groups)
     # greedy validation, one response per prompt, when the run evaluates (the spec then has
     # validation prompts)
-    val_rows = (math.ceil(spec.data.val_batch_size / (dp * cp * tp)) if spec.trainer.eval_every
-                else 0)
+    val_rows = math.ceil(spec.data.val_batch_size / groups) if spec.trainer.eval_every else 0
     return Setup(
         dtype=spec.model.dtype, strategy=spec.actor.strategy, devices=dp,
         gradient_checkpointing=spec.model.gradient_checkpointing,
@@ -471,6 +478,7 @@ def setup_of(spec: RunSpec) -> Setup:
         max_model_len=vllm_max_model_len(spec),
         master_weights=spec.actor.master_weights, context_parallel=cp,
         context_parallel_algo=spec.parallel.context_parallel_algo, tensor_parallel=tp,
+        rollout_parallel=rp,
     )
 
 
@@ -732,16 +740,19 @@ def _rollout(s: Setup, shape: ModelShape) -> list[Component]:
     static KV cache and its compaction copy, the prefill and the sampling logits."""
     if s.rollout_engine == "vllm":
         return _vllm_rollout(s, shape)
-    b, h, inter = s.dtype_bytes, shape.hidden_size, shape.intermediate_size
+    b, h, inter, r = s.dtype_bytes, shape.hidden_size, shape.intermediate_size, s.rollout_parallel
     fused = shape.q_width + 2 * shape.kv_width + 2 * inter  # q/k/v and gate/up outputs
     cache = _kv_cache_bytes(s, shape)
     rows, kept = s.rollout_rows, s.rollout_rows - s.rollout_rows // 4
-    prefill = s.rollout_prompts * s.prompt_len * (fused + inter + 2 * h) * b
-    full = shape.parameters * b if s.strategy == "fsdp2" else 0
+    prefill = s.rollout_prompts * s.prompt_len * (math.ceil((fused + inter) / r) + 2 * h) * b
+    layers = shape.num_hidden_layers * shape.layer_parameters
+    own = shape.parameters - layers + math.ceil(layers / r)  # layers split, the rest whole
+    full = own * b if s.strategy == "fsdp2" else 0
+    part = f"; its part of the layers (1/{r}: a rollout group)" if r > 1 else ""
     return [
         Component("rollout full weights", full, PHASES,
-                  f"the rollout's own model in {s.dtype}, synced from the shards; it stays on "
-                  "the device through every phase (nothing offloads it yet)"),
+                  f"the rollout's own model in {s.dtype}, synced from the shards{part}; it "
+                  "stays on the device through every phase (nothing offloads it yet)"),
         _packed_weights(s, shape, fused),
         Component("rollout float32 head", shape.vocab_size * h * 4, ("rollout",),
                   "the output head with the final norm folded in"),
@@ -799,6 +810,9 @@ def _packed_weights(s: Setup, shape: ModelShape, fused: int) -> Component:
     if s.device_type == "cpu":
         packed += layers * h * (shape.q_width + shape.intermediate_size) * b
         note += "; on CPU every projection prepacked for oneDNN"
+    if s.rollout_parallel > 1:
+        packed = math.ceil(packed / s.rollout_parallel)
+        note += f"; 1/{s.rollout_parallel} (a rollout group)"
     return Component("rollout packed weights", packed, ("rollout",), note)
 
 
@@ -809,7 +823,8 @@ def _kv_length(s: Setup) -> int:
 def _kv_cache_bytes(s: Setup, shape: ModelShape) -> int:
     """Keys and values of every layer: rows x length x 2 x layers x kv heads x head_dim."""
     cache_bytes = 4 if s.cache_float32 else s.dtype_bytes
-    return s.rollout_rows * _kv_length(s) * shape.kv_bytes_per_token(cache_bytes)
+    per_token = math.ceil(shape.kv_bytes_per_token(cache_bytes) / s.rollout_parallel)
+    return s.rollout_rows * _kv_length(s) * per_token  # a rollout group: its kv heads
 
 
 # --------------------------------------------------------------------------- forward passes

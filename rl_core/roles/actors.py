@@ -38,6 +38,7 @@ from rl_core.errors import NonFiniteError, TrainingStopped
 from rl_core.models.loading import load_model_and_tokenizer
 from rl_core.roles.group import Worker
 from rl_core.rollout import rollout_engine, with_resolved_engine
+from rl_core.rollout.parts import split_layers
 from rl_core.rollout.sampling import SamplingParams, draw_uniforms
 from rl_core.spec import RunSpec
 
@@ -174,20 +175,26 @@ class ActorWorker(TrainedRole):
         self.spec = spec = with_resolved_engine(spec)
         self.device = role_device(spec, device)
         seed_everything(spec.seed, spec.trainer.deterministic)
+        # rollout groups: blocks of this many ranks generate together, each its part of the
+        # layers (`rl_core.rollout.parts`)
+        self.rollout_parallel = size = spec.rollout.tensor_parallel_size
         if model is None:
             # sharded with an inference engine, the full model is only the template of the
-            # shards and of the saved folder: it waits in host memory
+            # shards and of the saved folder: it waits in host memory (split for a rollout
+            # group, it reaches the device as this rank's part only)
             home = self.device
-            if spec.actor.strategy == "fsdp2" and spec.rollout.engine != "native":
+            if spec.actor.strategy == "fsdp2" and (spec.rollout.engine != "native" or size > 1):
                 home = torch.device("cpu")
             model, tokenizer = load_policy(spec, model_path, home)
+        if size > 1:
+            model = split_layers(model, rank % size, size).to(self.device)
         self.model, self.tokenizer = model, tokenizer
         self.model_path, self.total_steps = model_path, total_steps
         self.sampling = sampling
         # the number of updates the policy has taken: every rollout must come from its weights
         self.policy_version = 0
         self.rollout = None
-        if spec.rollout.engine == "native":  # over the training model itself
+        if spec.rollout.engine == "native" and size == 1:  # over the training model itself
             self.rollout = rollout_engine("native").from_spec(self.model, tokenizer, spec,
                                                               self.device)
         self.loss_fn = policy_loss_fn(spec, self.sampling)
@@ -201,10 +208,13 @@ class ActorWorker(TrainedRole):
             self.start_rollout()
 
     def start_rollout(self) -> None:
-        """An inference engine of its own (`rollout.engine: vllm`), given the training
-        engine's weights through the same sync as after every update."""
+        """An inference engine of its own (`rollout.engine: vllm`), or the native engine of a
+        rollout group over this rank's parts, given the training engine's weights through the
+        same sync as after every update."""
+        group = {"group": self.rollout_group} if self.rollout_parallel > 1 else {}
         self.rollout = rollout_engine(self.spec.rollout.engine).from_spec(
-            self.model, self.tokenizer, self.spec, self.device, model_path=self.model_path)
+            self.model, self.tokenizer, self.spec, self.device, model_path=self.model_path,
+            **group)
         self.sync_rollout()
 
     def plain_engine(self) -> Any:
@@ -214,7 +224,7 @@ class ActorWorker(TrainedRole):
     def sharded_engine(self, mesh: Any) -> Any:
         # The training engine shards its own copy, given on the host; the native rollout keeps
         # the full model, synced from the shards after every update (vLLM loads them itself).
-        if next(self.model.parameters()).device.type == "cpu":
+        if next(self.model.parameters()).device.type == "cpu" and self.rollout_parallel == 1:
             source = copy.deepcopy(self.model)
         else:
             source, _ = load_policy(self.spec, self.model_path, torch.device("cpu"))
@@ -329,7 +339,7 @@ class ActorWorker(TrainedRole):
             self.engine.save_sharded(Path(path) / SHARDED_DIRS["actor"])
         # the full model holds the trained weights only where the native rollout is synced
         full = None
-        if self.sharded and not self.rollout.shares_weights:
+        if self.sharded and (not self.rollout.shares_weights or self.rollout_parallel > 1):
             dtype = next(self.model.parameters()).dtype
             full = {name: tensor.to(dtype)  # a collective: every rank gathers
                     for name, tensor in self.engine.full_state_dict().items()}

@@ -50,6 +50,8 @@ class Worker:
         # (`cp_group`: the block's ranks at one tensor-parallel index); then `dp_group` holds
         # the ranks with different rows
         self.context_parallel, self.tensor_parallel, self.cp_group = 1, 1, None
+        # rollout groups (the actor's): blocks of this many consecutive ranks generate together
+        self.rollout_parallel, self.rollout_group = 1, None
         self.stage_peaks: dict[str, float] = {}  # stage -> peak bytes (see `measured`)
         self.profiler = StageProfiler(self.role, rank)  # traces of chosen stages
         self.dumper = StageDumper(self.role, rank)  # precision dumps of chosen stages
@@ -119,7 +121,7 @@ class Worker:
         names = getattr(mesh, "mesh_dim_names", None) or ()
         return {"rank": self.rank, "world_size": self.world_size,
                 "data_parallel": size(self.dp_group), "context_parallel": size(self.cp_group),
-                "tensor_parallel": self.tensor_parallel,
+                "tensor_parallel": self.tensor_parallel, "rollout_parallel": self.rollout_parallel,
                 "engine_context_parallel": size(getattr(inner, "cp_group", None)),
                 "engine_tensor_parallel": mesh["tp"].size() if "tp" in names else 1}
 
@@ -153,6 +155,12 @@ class Worker:
 
             self.dp_group, self.cp_group = context_groups(
                 self.world_size, self.context_parallel, self.tensor_parallel)
+        if self.rollout_parallel > 1:
+            size = self.rollout_parallel
+            for first in range(0, self.world_size, size):  # every rank makes every group
+                group = dist.new_group(list(range(first, first + size)))
+                if first <= self.rank < first + size:
+                    self.rollout_group = group
         self.on_distributed()
 
     def init_alone(self, backend: str) -> None:

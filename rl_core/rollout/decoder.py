@@ -14,6 +14,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from rl_core.collectives import all_reduce
+
 # Llama-style decoders whose layers the fast decoder can run (checked structurally as well).
 FAST_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 # Rows the packed linear weights are tuned for (any count works).
@@ -45,9 +47,15 @@ class FastDecoder:
     `dtype` is the compute dtype of the layers (the weights are cast once per call); the final
     norm and the logits are always computed in float32. On CPU the KV cache and the attention
     are float32 too: 16-bit batched matmuls there copy a strided cache at every step.
+
+    `group`: the model holds one rank's part of each layer (`rl_core.rollout.parts`): the
+    output and down projections' partial sums are added up over the group (an all-reduce
+    each), so every rank computes the same hidden states and logits.
     """
 
-    def __init__(self, model: torch.nn.Module, cache: StaticCache, dtype: torch.dtype) -> None:
+    def __init__(self, model: torch.nn.Module, cache: StaticCache, dtype: torch.dtype,
+                 group: Any = None) -> None:
+        self.group = group
         inner = model.model
         self.embed = inner.embed_tokens.weight.to(dtype)
         self.cache_dtype = torch.float32 if self.embed.device.type == "cpu" else dtype
@@ -141,7 +149,7 @@ class FastDecoder:
         out = F.scaled_dot_product_attention(
             q, k, v, attn_mask=attend, scale=1.0, enable_gqa=self.heads != self.kv_heads
         )  # (N, heads, T, d)
-        x = x + w.o(out.transpose(1, 2).reshape(n, t, -1))
+        x = x + self._summed(w.o(out.transpose(1, 2).reshape(n, t, -1)))
         return x + self._mlp(x, w)
 
     def _decode_layer(
@@ -164,7 +172,7 @@ class FastDecoder:
         scores = torch.baddbmm(bias, q, keys)  # (B*kv, group, S)
         weights = scores.softmax(-1, dtype=torch.float32).to(values.dtype)
         out = torch.bmm(weights, values.reshape(pairs, -1, self.head_dim))  # (B*kv, group, d)
-        x = x + w.o(out.view(rows, -1).to(x.dtype))
+        x = x + self._summed(w.o(out.view(rows, -1).to(x.dtype)))
         return x + self._mlp(x, w)
 
     def _project(
@@ -185,7 +193,11 @@ class FastDecoder:
 
     def _mlp(self, x: torch.Tensor, w: _LayerWeights) -> torch.Tensor:
         gate, up = w.gate_up(_rms_norm(x, w.eps2)).chunk(2, -1)
-        return w.down(w.act(gate) * up)
+        return self._summed(w.down(w.act(gate) * up))
+
+    def _summed(self, partial: torch.Tensor) -> torch.Tensor:
+        """A row-split projection's output summed over the rollout group (itself alone)."""
+        return partial if self.group is None else all_reduce(partial, self.group)
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.head(_rms_norm(hidden.float(), self.final_eps))

@@ -41,8 +41,10 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from rl_core.data.batch import Batch, left_pad
+from rl_core.errors import InputError
 from rl_core.rollout.decoder import (
     EagerGraphs,
     FastDecoder,
@@ -53,6 +55,7 @@ from rl_core.rollout.decoder import (
     fast_path_reason,
     graph_backend,
 )
+from rl_core.rollout.parts import part_of
 from rl_core.rollout.sampling import SamplingParams, draw_uniforms, sample_tokens
 
 # Compact the batch once 1/COMPACT_FRACTION of its rows have stopped.
@@ -78,6 +81,9 @@ class NativeRolloutEngine:
     (default) where the device has them (CUDA; Ascend with torch_npu's NPUGraph), True to
     insist (an error where there are none), False never; `EagerGraphs()` runs the same
     bucketed steps without graphs (what CPUs can check).
+    `group`: a rollout group whose ranks each hold their part of `model`'s layers
+    (`rl_core.rollout.parts.split_layers`) and generate together, the same prompts and draws
+    on every rank; `load_weights` then keeps each full weight's part. Needs the fast decoder.
     """
 
     def __init__(
@@ -91,10 +97,12 @@ class NativeRolloutEngine:
         dtype: torch.dtype | None = None,
         check_every: int | None = None,
         graphs: bool | GraphBackend | EagerGraphs | None = None,
+        group: Any = None,
     ) -> None:
         if not eos_token_ids:
             raise ValueError("eos_token_ids is empty: responses could only stop at max_new_tokens")
         self.model = model
+        self.group = group
         self.device = torch.device(device)
         self.eos_token_ids = [int(t) for t in eos_token_ids]
         self.pad_token_id = int(pad_token_id)
@@ -110,10 +118,12 @@ class NativeRolloutEngine:
 
     @classmethod
     def from_spec(cls, model: torch.nn.Module, tokenizer: Any, spec: Any,
-                  device: str | torch.device = "cpu", **_: Any) -> NativeRolloutEngine:
-        """The engine over `model` (the training weights); it needs nothing of the spec."""
+                  device: str | torch.device = "cpu", *, group: Any = None,
+                  **_: Any) -> NativeRolloutEngine:
+        """The engine over `model` (the training weights, or a rollout group's parts of them
+        with `group`); it needs nothing else of the spec."""
         return cls(model, eos_token_ids=eos_ids(tokenizer, model),
-                   pad_token_id=tokenizer.pad_token_id, device=device)
+                   pad_token_id=tokenizer.pad_token_id, device=device, group=group)
 
     def load_weights(self, buckets: Iterable[list[tuple[str, torch.Tensor]]],
                      version: int | None = None) -> None:
@@ -121,15 +131,18 @@ class NativeRolloutEngine:
 
         The native engine usually holds the training model itself and needs no copy; this is
         for an engine over a model of its own (a sharded actor's full copy). An unknown name is
-        an error. `version` is the policy's; the model is read live, so it needs no record."""
+        an error. `version` is the policy's; the model is read live, so it needs no record.
+        In a rollout group each rank copies its part of each weight (`part_of`)."""
         own = self.model.state_dict()
+        rank, size = ((dist.get_rank(self.group), dist.get_world_size(self.group))
+                      if self.group is not None else (0, 1))
         with torch.no_grad():
             for bucket in buckets:
                 for name, tensor in bucket:
                     if name not in own:
                         raise KeyError(f"the rollout model has no weight named {name!r}")
                     if own[name].data_ptr() != tensor.data_ptr():
-                        own[name].copy_(tensor)
+                        own[name].copy_(part_of(name, tensor, rank, size))
         self._cache.free()
 
     def sleep(self) -> None:
@@ -190,7 +203,11 @@ class NativeRolloutEngine:
         model_dtype = self.model.get_input_embeddings().weight.dtype
         reason = fast_path_reason(self.model, length) if self.fast else "fast=False"
         if reason is None:
-            return FastDecoder(self.model, self._cache, self.dtype or model_dtype)
+            return FastDecoder(self.model, self._cache, self.dtype or model_dtype, self.group)
+        if self.group is not None:
+            raise InputError(f"rollout.tensor_parallel_size: the native engine splits only the "
+                             f"layers its fast decoder runs, and it cannot run this model: "
+                             f"{reason}; set rollout.tensor_parallel_size: 1")
         if self.dtype not in (None, model_dtype):
             raise ValueError(
                 f"dtype {self.dtype} differs from the model's {model_dtype}, which only the "

@@ -25,7 +25,6 @@ if TYPE_CHECKING:  # RunSpec checks itself with these rules
 # the cross-field rules run; the reference and the JSON Schema mark each of these fields. An
 # entry goes when its feature lands.
 NOT_IMPLEMENTED: dict[str, tuple[Any, ...]] = {
-    "rollout.tensor_parallel_size": (1,),
     "reward.reward_model": (None,),
     "parallel.pipeline_parallel_size": (1,),
     "parallel.colocate_actor_rollout": (True,),  # rollout generates in the training process
@@ -377,11 +376,14 @@ def _rule_master_weights(s: RunSpec) -> Iterator[Violation]:
 def planned_engine(spec: RunSpec) -> str:
     """The rollout engine a run of `spec` is planned with before the host that starts it is
     known, "native" or "vllm": `auto` is vLLM on gpu and npu (where the run takes it if vLLM is
-    importable there) and the native engine on cpu; `native` and `vllm` are themselves."""
+    importable there) and the native engine on cpu or with `rollout.tensor_parallel_size` > 1
+    (only the native engine's layers split over a rollout group); `native` and `vllm` are
+    themselves."""
     engine = spec.rollout.engine
     if engine != "auto":
         return engine
-    return "native" if spec.resources.device_type == "cpu" else "vllm"
+    split = spec.rollout.tensor_parallel_size > 1
+    return "native" if spec.resources.device_type == "cpu" or split else "vllm"
 
 
 def _rule_context_parallel(s: RunSpec) -> Iterator[Violation]:
@@ -402,6 +404,23 @@ def _rule_tensor_parallel(s: RunSpec) -> Iterator[Violation]:
         yield ("parallel.tensor_parallel_size",
                f"{size} splits the model's matrices over {size} devices, which the fsdp2 engine "
                f"trains: set actor.strategy: fsdp2, or tensor_parallel_size: 1")
+
+
+def _rule_rollout_parallel(s: RunSpec) -> Iterator[Violation]:
+    """A rollout group splits the native engine's own copy of the layers: it needs
+    `actor.strategy: fsdp2` (the plain engine's rollout reads the training model itself) and the
+    native engine."""
+    size = s.rollout.tensor_parallel_size
+    if size > 1 and s.actor.strategy != "fsdp2":
+        yield ("rollout.tensor_parallel_size",
+               f"{size} splits the rollout's own copy of the layers, which the rollout has with "
+               "actor.strategy: fsdp2 (the plain engine generates from the training model "
+               f"itself): set actor.strategy: fsdp2, or tensor_parallel_size: 1")
+    if size > 1 and s.rollout.engine == "vllm":
+        yield ("rollout.tensor_parallel_size",
+               f"{size} splits the native engine's layers; vLLM's own tensor parallelism is not "
+               "fed from the training ranks yet: set rollout.engine: native (or auto), or "
+               "tensor_parallel_size: 1")
 
 
 def _rule_rollout_engine(s: RunSpec) -> Iterator[Violation]:
@@ -478,6 +497,7 @@ RULES: tuple[Callable[[RunSpec], Iterator[Violation]], ...] = (
     _rule_master_weights,
     _rule_context_parallel,
     _rule_tensor_parallel,
+    _rule_rollout_parallel,
     _rule_rollout_engine,
     _rule_tools,
 )

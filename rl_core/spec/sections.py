@@ -188,8 +188,10 @@ class RolloutConfig(Strict):
         1,
         gt=0,
         le=MAX_PARALLEL,
-        description="Inference tensor-parallel size; may differ from "
-        "`parallel.tensor_parallel_size` (weights are resharded).",
+        description="Inference tensor-parallel size: blocks of this many devices generate "
+        "together, each holding its part of every layer (the native engine, with "
+        "actor.strategy: fsdp2); independent of `parallel.tensor_parallel_size`: the weights "
+        "come from training bucket by bucket and each device keeps its part.",
     )
     log_prob_micro_batch_size: int = Field(
         4,

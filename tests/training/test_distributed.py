@@ -61,11 +61,16 @@ def test_two_ranks_on_ray_equal_one_rank_in_process(tmp_path, tiny_cache, local_
         assert torch.allclose(value, b[name], atol=1e-5), name
 
 
-# the two ranks' layout: the spec's parallel section (and actor) -> each rank's place
+# the two ranks' layout: the spec's sections -> each actor rank's place
 LAYOUTS = {
-    "ulysses": ({"context_parallel_size": 2}, {}, (1, 2, 1, 2, 1)),
-    "ring": ({"context_parallel_size": 2, "context_parallel_algo": "ring"}, {}, (1, 2, 1, 2, 1)),
-    "tensor": ({"tensor_parallel_size": 2}, {"strategy": "fsdp2"}, (1, 1, 2, 1, 2)),
+    "ulysses": ({"parallel": {"context_parallel_size": 2}}, (1, 2, 1, 1, 2, 1)),
+    "ring": ({"parallel": {"context_parallel_size": 2, "context_parallel_algo": "ring"}},
+             (1, 2, 1, 1, 2, 1)),
+    "tensor": ({"parallel": {"tensor_parallel_size": 2}, "actor": {"strategy": "fsdp2"}},
+               (1, 1, 2, 1, 1, 2)),
+    # training data-parallel over both ranks, generating together as one rollout group
+    "rollout-group": ({"rollout": {"tensor_parallel_size": 2}, "actor": {"strategy": "fsdp2"}},
+                      (2, 1, 1, 2, 1, 1)),
 }
 
 
@@ -74,21 +79,23 @@ def test_two_model_parallel_ranks_on_ray_equal_one_rank_in_process(tmp_path, tin
                                                                    local_ray, layout):
     """GRPO with the reference, old log-probs and two passes: both ranks hold every row and
     split its packed tokens (context parallelism) or the model's matrices (tensor
-    parallelism), so the run is one rank's."""
-    parallel, actor, place = LAYOUTS[layout]
+    parallelism), or split the rows and generate together as one rollout group, so the run
+    is one rank's."""
+    sections, place = LAYOUTS[layout]
 
-    def spec(out: Path, devices: int, **sections) -> dict:
+    def spec(out: Path, devices: int, **extra) -> dict:
+        actor = {"use_remove_padding": True, **extra.pop("actor", {})}
         return tiny_spec(out, resources={"devices_per_node": devices}, trainer={"total_steps": 2},
-                         **sections)
+                         actor=actor, **extra)
 
-    RLTrainer(resolve_spec(spec(tmp_path / "one", 1, actor={"use_remove_padding": True}))).fit()
-    trainer = RLTrainer(resolve_spec(spec(tmp_path / "two", 2, parallel=parallel,
-                                          actor={"use_remove_padding": True, **actor})),
-                        backend="ray")
-    names = ("data_parallel", "context_parallel", "tensor_parallel", "engine_context_parallel",
-             "engine_tensor_parallel")
-    for role in (trainer.roles.actor, trainer.roles.reference):
-        assert [tuple(r[n] for n in names) for r in role.call("layout")] == [place] * 2
+    RLTrainer(resolve_spec(spec(tmp_path / "one", 1))).fit()
+    trainer = RLTrainer(resolve_spec(spec(tmp_path / "two", 2, **sections)), backend="ray")
+    names = ("data_parallel", "context_parallel", "tensor_parallel", "rollout_parallel",
+             "engine_context_parallel", "engine_tensor_parallel")
+    assert [tuple(r[n] for n in names) for r in trainer.roles.actor.call("layout")] == [place] * 2
+    reference = place[:3] + (1,) + place[4:]  # the reference does not roll out
+    assert [tuple(r[n] for n in names)
+            for r in trainer.roles.reference.call("layout")] == [reference] * 2
     trainer.fit()
     one, two = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")
     assert [m["step"] for m in one] == [m["step"] for m in two] == [1, 2]

@@ -251,7 +251,12 @@ RULE_CASES = [
     (
         ["resources.devices_per_node=2", "rollout.tensor_parallel_size=4"],
         "rollout.tensor_parallel_size",
-        "4 is not implemented yet (only 1)",
+        "2 devices do not split into inference groups of 4",
+    ),
+    (
+        ["resources.devices_per_node=2", "rollout.tensor_parallel_size=2"],
+        "rollout.tensor_parallel_size",
+        "set actor.strategy: fsdp2, or tensor_parallel_size: 1",
     ),
     (["resources.devices_per_node=8"], "data.train_batch_size", "use a multiple of 8"),
     (["actor.ppo_mini_batch_size=3"], "actor.ppo_mini_batch_size", "pick a divisor of 4"),

@@ -357,9 +357,9 @@ def test_the_refusal_comes_instead_of_the_cross_field_rules():
 
 def test_validating_runspec_directly_reports_the_refusal_at_the_field():
     with pytest.raises(ValidationError) as caught:
-        RunSpec.model_validate({**MINIMAL, "rollout": {"tensor_parallel_size": 2}})
+        RunSpec.model_validate({**MINIMAL, "parallel": {"pipeline_parallel_size": 2}})
     [error] = SpecError.from_validation_error(caught.value).errors
-    assert error == {"field": "rollout.tensor_parallel_size",
+    assert error == {"field": "parallel.pipeline_parallel_size",
                      "message": "2 is not implemented yet (only 1); see docs/run-spec.md"}
 
 
@@ -383,12 +383,12 @@ def test_each_preset_validates_and_every_device_is_a_data_parallel_replica(algor
 def test_the_cli_exits_2_on_a_value_not_implemented_yet():
     result = subprocess.run(
         [sys.executable, "-m", "rl_core", "spec", "validate",
-         str(ROOT / "examples" / "spec_grpo_minimal.yaml"), "rollout.tensor_parallel_size=2"],
+         str(ROOT / "examples" / "spec_grpo_minimal.yaml"), "parallel.pipeline_parallel_size=2"],
         cwd=ROOT, capture_output=True, text=True, timeout=60,
     )
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.strip() == (
-        "rollout.tensor_parallel_size: 2 is not implemented yet (only 1); see docs/run-spec.md"
+        "parallel.pipeline_parallel_size: 2 is not implemented yet (only 1); see docs/run-spec.md"
     )
 
 
