@@ -3,13 +3,17 @@ gathering the full weights for the rollout, on one device against a tensor-paral
 (gloo on CPU).
 
     python bench/tensor_parallel.py [--size base] [--rows 4] [--tokens 512] [--threads 1]
+                                    [--bucket-mib 4]
 
 The `--size` tiny preset trained by the FSDP2 engine with remove padding: on one rank, and on
 two ranks whose mesh is one FSDP2 shard × two tensor-parallel parts (`rl_core.engines.tensor`).
 Reported per case and rank: the bytes of its parameters, gradients and AdamW moments (the local
 storage of each; DTensors count their local part), the median seconds of three update steps on
-`--rows` rows of `--tokens` tokens, and the seconds and bytes of gathering every weight in full
-(`weight_buckets`, what a rollout engine is given after each update), against the model's size.
+`--rows` rows of `--tokens` tokens, and the resharding for the rollout after an update: the
+seconds of gathering every weight in full, bucket by bucket (`weight_buckets` of `--bucket-mib`),
+and of syncing them into a rollout group of as many ranks (each keeping its part of the layers,
+`rl_core.rollout.parts`), with the largest bucket (the extra memory a rank holds while syncing)
+and the rollout's part against the model's size.
 The aim (issue Q): a device of a group of two holds at most 0.55 of one device's training state.
 Figures only: nothing here passes or fails.
 """
@@ -31,6 +35,8 @@ import torch.multiprocessing as mp
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rl_core.models.tiny import build_tiny  # noqa: E402
+from rl_core.rollout.native import NativeRolloutEngine  # noqa: E402
+from rl_core.rollout.parts import split_layers  # noqa: E402
 
 
 def batch(rows: int, tokens: int, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -78,10 +84,30 @@ def measure(mesh, args: argparse.Namespace) -> dict[str, float]:
              "gradients": sum(_local_bytes(p.grad) for p in params if p.grad is not None),
              "moments": sum(_local_bytes(m) for m in moments)}
     engine.model.zero_grad(set_to_none=True)
+    bucket_bytes = args.bucket_mib << 20
     start = time.perf_counter()
-    gathered = sum(t.numel() * t.element_size() for b in engine.weight_buckets() for _, t in b)
+    sizes = [sum(t.numel() * t.element_size() for _, t in bucket)
+             for bucket in engine.weight_buckets(bucket_bytes)]
+    gather_seconds = time.perf_counter() - start
+    rollout = _rollout_group(args.size, mesh)
+    start = time.perf_counter()
+    rollout.load_weights(engine.weight_buckets(bucket_bytes))
+    sync_seconds = time.perf_counter() - start
+    part = sum(t.numel() * t.element_size() for t in rollout.model.state_dict().values())
     return {**state, "state": sum(state.values()), "seconds": statistics.median(times),
-            "gather_seconds": time.perf_counter() - start, "gathered": gathered}
+            "gather_seconds": gather_seconds, "gathered": sum(sizes), "largest_bucket": max(sizes),
+            "sync_seconds": sync_seconds, "rollout_part": part}
+
+
+def _rollout_group(size: str, mesh) -> NativeRolloutEngine:
+    """A native rollout over this rank's part of the layers: a group of the mesh's size."""
+    import torch.distributed as dist
+
+    group, ranks = (dist.group.WORLD, dist.get_world_size()) if mesh.size() > 1 else (None, 1)
+    model, tokenizer = build_tiny(size, seed=2)
+    model = split_layers(model, dist.get_rank() if group else 0, ranks)
+    return NativeRolloutEngine(model, eos_token_ids=[tokenizer.eos_token_id],
+                               pad_token_id=tokenizer.pad_token_id, group=group)
 
 
 def _rank(rank: int, rendezvous: str, args: argparse.Namespace, out: str) -> None:
@@ -111,6 +137,8 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=4, help="rows of an update")
     parser.add_argument("--tokens", type=int, default=512, help="tokens a row")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    parser.add_argument("--bucket-mib", type=int, default=4,
+                        help="bucket size of the weight sync (the runs' default is 512)")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
@@ -121,18 +149,20 @@ def main() -> None:
     one = torch.load(f"{out}.alone", weights_only=False)
     ranks = [torch.load(f"{out}.{rank}", weights_only=False) for rank in range(2)]
     rows = [{"case": "1 device", "rank": 0, **one}]
-    rows += [{"case": "TP 2", "rank": rank, **r} for rank, r in enumerate(ranks)]
+    rows += [{"case": "TP 2, rollout group of 2", "rank": rank, **r}
+             for rank, r in enumerate(ranks)]
     mib = 2**20
     print(f"tensor parallelism: tiny:{args.size}, {args.rows} rows x {args.tokens} tokens, "
           f"{args.threads} thread(s) a rank, torch {torch.__version__}")
     print("| case | rank | parameters + gradients + moments (MiB) | / one device | update (s) "
-          "| full-weight gather (s) | gathered (MiB) |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+          "| gather (s) | sync into the rollout (s) | largest bucket (MiB) | rollout part / model |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for row in rows:
         row["ratio"] = row["state"] / one["state"]
         print(f"| {row['case']} | {row['rank']} | {row['state'] / mib:.1f} | {row['ratio']:.3f} "
               f"| {row['seconds']:.3f} | {row['gather_seconds']:.3f} | "
-              f"{row['gathered'] / mib:.1f} |")
+              f"{row['sync_seconds']:.3f} | {row['largest_bucket'] / mib:.1f} | "
+              f"{row['rollout_part'] / one['rollout_part']:.3f} |")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
 

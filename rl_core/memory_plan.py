@@ -30,7 +30,8 @@ What each engine keeps (P parameters, D = `spec.data_parallel_size` devices, b t
   and `fully_shard` moves each unit (a decoder layer, then the root) to the device as it shards
   it. At load the device holds the rollout's full model (P·b), the shards made so far and the
   float32 unit being sharded (the larger of a layer and the root). Generation needs the full
-  weights (P·b).
+  weights (P·b): the native rollout's own copy, which on an accelerator is parked in host
+  memory from the log-prob stages to the weight sync after the step (on cpu it stays).
 - `actor.offload.param` (fsdp2): the shards of parameters, gradients and moments stay in host
   memory and the optimizer steps there; only the gathered layers come to the device.
   `actor.offload.optimizer`: the moments wait in host memory and come back for the step. The
@@ -749,10 +750,13 @@ def _rollout(s: Setup, shape: ModelShape) -> list[Component]:
     own = shape.parameters - layers + math.ceil(layers / r)  # layers split, the rest whole
     full = own * b if s.strategy == "fsdp2" else 0
     part = f"; its part of the layers (1/{r}: a rollout group)" if r > 1 else ""
+    parks = s.device_type != "cpu"  # in host memory from the log-probs to the next sync
     return [
-        Component("rollout full weights", full, PHASES,
-                  f"the rollout's own model in {s.dtype}, synced from the shards{part}; it "
-                  "stays on the device through every phase (nothing offloads it yet)"),
+        Component("rollout full weights", full, ("load", "rollout") if parks else PHASES,
+                  f"the rollout's own model in {s.dtype}, synced from the shards{part}"
+                  + ("; parked in host memory while training computes" if parks else "")),
+        Component("rollout weights parked", full if parks else 0, (),
+                  "the rollout's own model in host memory while training computes", True),
         _packed_weights(s, shape, fused),
         Component("rollout float32 head", shape.vocab_size * h * 4, ("rollout",),
                   "the output head with the final norm folded in"),

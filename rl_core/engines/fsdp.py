@@ -148,8 +148,9 @@ class FSDP2Engine:
     def train_step(self, batch: Mapping[str, Any], loss_fn: LossFn, **options: Any) -> dict[str, float]:
         return self.inner.train_step(batch, loss_fn, **options)
 
-    def weight_buckets(self, bucket_bytes: int = 512 << 20) -> Iterator[WeightBucket]:
-        return self.inner.weight_buckets(bucket_bytes)
+    def weight_buckets(self, bucket_bytes: int = 512 << 20,
+                       keep_split: Any = None) -> Iterator[WeightBucket]:
+        return self.inner.weight_buckets(bucket_bytes, keep_split)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Every weight in full on the CPU, on every rank (for a Hugging Face export)."""

@@ -638,16 +638,21 @@ class TrainEngine:
 
     # ----------------------------------------------------------------------- weights, memory
 
-    def weight_buckets(self, bucket_bytes: int = 512 << 20) -> Iterator[WeightBucket]:
+    def weight_buckets(self, bucket_bytes: int = 512 << 20,
+                       keep_split: Callable[[str], bool] | None = None) -> Iterator[WeightBucket]:
         """The model's full weights (parameters and buffers of its state dict) as buckets of
         (name, tensor) pairs of at most about `bucket_bytes` each (a larger tensor is a bucket
         of its own); the tensors are the live ones, not copies. Sharded (FSDP2): each tensor is
-        gathered in full as its bucket is reached, so every rank must iterate alike."""
+        gathered in full as its bucket is reached, so every rank must iterate alike; the
+        tensors for which `keep_split(name)` is true are gathered over the FSDP2 shards only,
+        giving this rank's tensor-parallel part (a rollout group of the same layout needs no
+        more)."""
         bucket: WeightBucket = []
         size = 0
         for name, tensor in self.model.state_dict().items():
             if hasattr(tensor, "full_tensor"):  # a DTensor shard: all-gather it
-                tensor = tensor.full_tensor()
+                tensor = tensor_part(tensor) if keep_split and keep_split(name) \
+                    else tensor.full_tensor()
             nbytes = tensor.numel() * tensor.element_size()
             if bucket and size + nbytes > bucket_bytes:
                 yield bucket
@@ -744,6 +749,18 @@ def batch_options(actor: ActorConfig) -> dict[str, Any]:
         "max_token_len": actor.max_token_len_per_gpu if actor.use_dynamic_bsz else None,
         "remove_padding": actor.use_remove_padding,
     }
+
+
+def tensor_part(tensor: Any) -> torch.Tensor:
+    """A DTensor gathered over every mesh dimension but "tp": this rank's tensor-parallel part
+    (the whole tensor where it is not split there)."""
+    from torch.distributed.tensor import Replicate
+
+    names = tensor.device_mesh.mesh_dim_names or ()
+    placements = [p if name == "tp" else Replicate()
+                  for name, p in zip(names or [None] * tensor.device_mesh.ndim,
+                                     tensor.placements)]
+    return tensor.redistribute(placements=placements).to_local()
 
 
 def _shares(

@@ -38,7 +38,7 @@ from rl_core.errors import NonFiniteError, TrainingStopped
 from rl_core.models.loading import load_model_and_tokenizer
 from rl_core.roles.group import Worker
 from rl_core.rollout import rollout_engine, with_resolved_engine
-from rl_core.rollout.parts import split_layers
+from rl_core.rollout.parts import is_split, split_layers
 from rl_core.rollout.sampling import SamplingParams, draw_uniforms
 from rl_core.spec import RunSpec
 
@@ -194,9 +194,11 @@ class ActorWorker(TrainedRole):
         # the number of updates the policy has taken: every rollout must come from its weights
         self.policy_version = 0
         self.rollout = None
-        if spec.rollout.engine == "native" and size == 1:  # over the training model itself
-            self.rollout = rollout_engine("native").from_spec(self.model, tokenizer, spec,
-                                                              self.device)
+        # the native engine over the training model itself, or (fsdp2) over its own copy,
+        # parked in host memory while the training engine computes
+        if spec.rollout.engine == "native" and size == 1:
+            self.rollout = rollout_engine("native").from_spec(
+                self.model, tokenizer, spec, self.device, park=spec.actor.strategy == "fsdp2")
         self.loss_fn = policy_loss_fn(spec, self.sampling)
         self.start_engine(spec)
         if self.rollout is None and self.world_size == 1 and self.engine is not None:
@@ -211,7 +213,8 @@ class ActorWorker(TrainedRole):
         """An inference engine of its own (`rollout.engine: vllm`), or the native engine of a
         rollout group over this rank's parts, given the training engine's weights through the
         same sync as after every update."""
-        group = {"group": self.rollout_group} if self.rollout_parallel > 1 else {}
+        group = ({"group": self.rollout_group, "park": True} if self.rollout_parallel > 1
+                 else {})
         self.rollout = rollout_engine(self.spec.rollout.engine).from_spec(
             self.model, self.tokenizer, self.spec, self.device, model_path=self.model_path,
             **group)
@@ -320,7 +323,9 @@ class ActorWorker(TrainedRole):
         started = time.perf_counter()
         self.rollout.wake_up()
         with self.measured("weight_sync"):
-            self.rollout.load_weights(self.engine.weight_buckets(), version=self.policy_version)
+            split = {"keep_split": is_split} if self.spec.parallel.resharding == "none" else {}
+            self.rollout.load_weights(self.engine.weight_buckets(**split),
+                                      version=self.policy_version)
         return {"timing/weight_sync": time.perf_counter() - started}
 
     def shutdown(self) -> None:

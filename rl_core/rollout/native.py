@@ -55,7 +55,7 @@ from rl_core.rollout.decoder import (
     fast_path_reason,
     graph_backend,
 )
-from rl_core.rollout.parts import part_of
+from rl_core.rollout.parts import is_split, part_of
 from rl_core.rollout.sampling import SamplingParams, draw_uniforms, sample_tokens
 
 # Compact the batch once 1/COMPACT_FRACTION of its rows have stopped.
@@ -84,6 +84,10 @@ class NativeRolloutEngine:
     `group`: a rollout group whose ranks each hold their part of `model`'s layers
     (`rl_core.rollout.parts.split_layers`) and generate together, the same prompts and draws
     on every rank; `load_weights` then keeps each full weight's part. Needs the fast decoder.
+    `park`: the model is the engine's own copy, synced by `load_weights` (not the training
+    model): `sleep` parks it in host memory and `wake_up` (or the next `generate` or
+    `load_weights`) brings it back, so it takes no device memory during the update; on cpu
+    nothing moves.
     """
 
     def __init__(
@@ -98,11 +102,13 @@ class NativeRolloutEngine:
         check_every: int | None = None,
         graphs: bool | GraphBackend | EagerGraphs | None = None,
         group: Any = None,
+        park: bool = False,
     ) -> None:
         if not eos_token_ids:
             raise ValueError("eos_token_ids is empty: responses could only stop at max_new_tokens")
         self.model = model
         self.group = group
+        self.park, self.parked = park, False
         self.device = torch.device(device)
         self.eos_token_ids = [int(t) for t in eos_token_ids]
         self.pad_token_id = int(pad_token_id)
@@ -118,12 +124,12 @@ class NativeRolloutEngine:
 
     @classmethod
     def from_spec(cls, model: torch.nn.Module, tokenizer: Any, spec: Any,
-                  device: str | torch.device = "cpu", *, group: Any = None,
+                  device: str | torch.device = "cpu", *, group: Any = None, park: bool = False,
                   **_: Any) -> NativeRolloutEngine:
-        """The engine over `model` (the training weights, or a rollout group's parts of them
-        with `group`); it needs nothing else of the spec."""
+        """The engine over `model` (the training weights, or a copy of them with `park`, or a
+        rollout group's parts of them with `group`); it needs nothing else of the spec."""
         return cls(model, eos_token_ids=eos_ids(tokenizer, model),
-                   pad_token_id=tokenizer.pad_token_id, device=device, group=group)
+                   pad_token_id=tokenizer.pad_token_id, device=device, group=group, park=park)
 
     def load_weights(self, buckets: Iterable[list[tuple[str, torch.Tensor]]],
                      version: int | None = None) -> None:
@@ -132,7 +138,9 @@ class NativeRolloutEngine:
         The native engine usually holds the training model itself and needs no copy; this is
         for an engine over a model of its own (a sharded actor's full copy). An unknown name is
         an error. `version` is the policy's; the model is read live, so it needs no record.
-        In a rollout group each rank copies its part of each weight (`part_of`)."""
+        In a rollout group each rank copies its part of each full weight (`part_of`); a weight
+        of its part's shape (`parallel.resharding: none`) is copied as it comes."""
+        self.wake_up()
         own = self.model.state_dict()
         rank, size = ((dist.get_rank(self.group), dist.get_world_size(self.group))
                       if self.group is not None else (0, 1))
@@ -141,16 +149,27 @@ class NativeRolloutEngine:
                 for name, tensor in bucket:
                     if name not in own:
                         raise KeyError(f"the rollout model has no weight named {name!r}")
-                    if own[name].data_ptr() != tensor.data_ptr():
-                        own[name].copy_(part_of(name, tensor, rank, size))
+                    if own[name].data_ptr() == tensor.data_ptr():
+                        continue
+                    if size > 1 and (not is_split(name) or tensor.shape != own[name].shape):
+                        tensor = part_of(name, tensor, rank, size)  # a full weight
+                    own[name].copy_(tensor)
         self._cache.free()
 
     def sleep(self) -> None:
-        """Free the KV cache; the weights are the training model's and stay where it puts them."""
+        """Free the KV cache; with `park`, move the engine's own weights to host memory (the
+        training model's stay where training puts them)."""
         self._cache.free()
+        if self.park and not self.parked and self.device.type != "cpu":
+            self.model.to("cpu")
+            self.parked = True
 
     def wake_up(self) -> None:
-        """Nothing to restore: the cache is allocated again by the next `generate`."""
+        """Parked weights back on the device; the cache is allocated again by the next
+        `generate`."""
+        if self.parked:
+            self.model.to(self.device)
+            self.parked = False
 
     @property
     def cache_nbytes(self) -> int:
@@ -174,6 +193,7 @@ class NativeRolloutEngine:
 
         The draws come from `uniforms` (rows = len(prompts) × n, max_new_tokens), see
         `draw_uniforms`, or are drawn from `generator` as one such table."""
+        self.wake_up()
         ids, mask = left_pad(prompts, self.pad_token_id, self.device)
         rows = ids.shape[0] * params.n
         if params.do_sample and uniforms is None:

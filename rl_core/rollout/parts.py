@@ -15,7 +15,9 @@ all-reduce each, a layer), so every rank holds the same hidden states, logits an
 
 Weights arrive from the training engine in full, bucket by bucket (whatever its layout), and
 each rank copies its part of each (`part_of`): no rank ever holds the full model, only one
-bucket of it at a time.
+bucket of it at a time. Where training is split the same way (`parallel.resharding: none`:
+training's tensor-parallel blocks are the rollout groups), the split weights (`is_split`) come
+as this rank's part already, gathered over the FSDP2 shards only.
 """
 
 from __future__ import annotations
@@ -44,6 +46,15 @@ def part_of(name: str, tensor: torch.Tensor, rank: int, size: int) -> torch.Tens
             return tensor if rank == 0 else torch.zeros_like(tensor)
         return tensor.chunk(size, 1)[rank]
     return tensor
+
+
+def is_split(name: str) -> bool:
+    """Whether weight `name` is split over a rollout group (a layer's projection weight, and
+    the biases of the column-split ones): with `parallel.resharding: none` training gives
+    these already split in the same layout."""
+    pieces = name.split(".")
+    module, kind = (pieces[-2] if len(pieces) > 1 else ""), pieces[-1]
+    return module in COLUMN_SPLIT or (module in ROW_SPLIT and kind == "weight")
 
 
 def check_split(config, size: int) -> None:

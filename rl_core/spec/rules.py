@@ -28,7 +28,6 @@ NOT_IMPLEMENTED: dict[str, tuple[Any, ...]] = {
     "reward.reward_model": (None,),
     "parallel.pipeline_parallel_size": (1,),
     "parallel.colocate_actor_rollout": (True,),  # rollout generates in the training process
-    "parallel.resharding": ("auto",),  # one layout for training and inference: nothing to reshard
 }
 
 

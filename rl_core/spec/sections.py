@@ -501,8 +501,11 @@ class ParallelConfig(Strict):
     )
     resharding: Literal["auto", "none"] = Field(
         "auto",
-        description="`auto` reshards weights between training and inference layouts; `none` "
-        "requires identical layouts.",
+        description="`auto`: after each update every weight goes to the rollout in full, "
+        "bucket by bucket, and each rollout device keeps its part (any training layout); "
+        "`none`: the layouts must be identical (rollout.tensor_parallel_size = "
+        "tensor_parallel_size), and the layers' projections go as each device's "
+        "tensor-parallel part, gathered over the FSDP2 shards only.",
     )
 
 

@@ -206,8 +206,9 @@ def test_offload_moves_fsdp2_shards_and_the_reference_to_host_memory():
     assert parts["reference parameter shards"].phases == ()  # sharded too, kept on the host
     assert parts["reference gathered layers"].phases == ("log-probs",)
     # params, grads, 2 moments; the reference's host copy and its shards; the actor's host copy
-    # sharded at load (bfloat16 + float32)
-    assert result.host_bytes == 318 * 4 * 4 + 1272 * 2 + 318 * 2 + 1272 * 6
+    # sharded at load (bfloat16 + float32); the rollout's own copy, parked while training runs
+    assert result.host_bytes == 318 * 4 * 4 + 1272 * 2 + 318 * 2 + 1272 * 6 + 1272 * 2
+    assert parts["rollout full weights"].phases == ("load", "rollout")
     plain = by_name(mp.plan_setup(dataclasses.replace(setup, strategy="torch", offload_param=False),
                                   SMALL, None))
     assert plain["reference parameters"].phases == ("log-probs",)  # whole, on the device to run

@@ -13,7 +13,7 @@ from test_rollout_engine import EOS, PAD, llama, make_prompts, nano, qwen3
 
 from rl_core.rollout.decoder import EagerGraphs
 from rl_core.rollout.native import NativeRolloutEngine
-from rl_core.rollout.parts import part_of, split_layers
+from rl_core.rollout.parts import is_split, part_of, split_layers
 from rl_core.rollout.sampling import SamplingParams, draw_uniforms
 
 def biased_llama():
@@ -77,8 +77,16 @@ def _resharded(rank: int) -> dict:
     rollout = NativeRolloutEngine(split_layers(build_tiny("nano", seed=2)[0], rank, 2),
                                   eos_token_ids=[EOS], pad_token_id=PAD, group=dist.group.WORLD)
     rollout.load_weights(engine.weight_buckets())
+    # parallel.resharding: none: the projections come as this rank's tensor-parallel part
+    same = NativeRolloutEngine(split_layers(build_tiny("nano", seed=3)[0], rank, 2),
+                               eos_token_ids=[EOS], pad_token_id=PAD, group=dist.group.WORLD)
+    buckets = [[(name, tensor.clone()) for name, tensor in bucket]
+               for bucket in engine.weight_buckets(keep_split=is_split)]
+    same.load_weights(buckets)
     return {"trained": engine.full_state_dict(),
-            "parts": {k: v.clone() for k, v in rollout.model.state_dict().items()}}
+            "parts": {k: v.clone() for k, v in rollout.model.state_dict().items()},
+            "same_layout": {k: v.clone() for k, v in same.model.state_dict().items()},
+            "given": {name: tuple(t.shape) for bucket in buckets for name, t in bucket}}
 
 
 def _every_case(rank: int, out: str) -> None:
@@ -118,6 +126,21 @@ def test_synced_weights_land_in_each_ranks_parts_bit_for_bit(two_ranks):
             assert torch.equal(parts[name], part_of(name, full, rank, 2)), (rank, name)
     q = "model.layers.0.self_attn.q_proj.weight"
     assert two_ranks[1]["resharded"]["parts"][q].shape[0] == trained[q].shape[0] // 2
+
+
+def test_with_the_same_layout_the_parts_come_split_and_land_the_same(two_ranks):
+    """parallel.resharding: none: the projections are gathered over the FSDP2 shards only,
+    each rank's tensor-parallel part; the embedding, head and norms in full."""
+    trained = two_ranks[0]["resharded"]["trained"]
+    for rank in range(2):
+        got = two_ranks[rank]["resharded"]
+        for name, full in trained.items():
+            assert torch.equal(got["same_layout"][name], got["parts"][name]), (rank, name)
+            want = part_of(name, full, rank, 2) if is_split(name) else full
+            assert got["given"][name] == tuple(want.shape), name
+    assert is_split("model.layers.1.mlp.down_proj.weight")
+    assert not is_split("model.layers.1.mlp.down_proj.bias")
+    assert not is_split("model.embed_tokens.weight")
 
 
 def test_a_layer_split_keeps_each_ranks_rows_and_columns():

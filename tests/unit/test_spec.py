@@ -276,9 +276,10 @@ RULE_CASES = [
             "resources.devices_per_node=2",
             "parallel.tensor_parallel_size=2",
             "parallel.resharding=none",
+            "actor.strategy=fsdp2",
         ],
         "parallel.resharding",
-        "none is not implemented yet (only auto)",
+        "resharding=none needs identical training and inference layouts",
     ),
     (
         ["actor.use_dynamic_bsz=true", "actor.max_token_len_per_gpu=100"],
