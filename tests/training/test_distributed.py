@@ -71,16 +71,19 @@ LAYOUTS = {
     # training data-parallel over both ranks, generating together as one rollout group
     "rollout-group": ({"rollout": {"tensor_parallel_size": 2}, "actor": {"strategy": "fsdp2"}},
                       (2, 1, 1, 2, 1, 1)),
+    # four ranks: the model's matrices split over pairs, each sequence's tokens over the pairs
+    "tensor-and-context": ({"parallel": {"tensor_parallel_size": 2, "context_parallel_size": 2},
+                            "actor": {"strategy": "fsdp2"}}, (1, 2, 2, 1, 2, 2)),
 }
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_two_model_parallel_ranks_on_ray_equal_one_rank_in_process(tmp_path, tiny_cache,
+def test_model_parallel_ranks_on_ray_equal_one_rank_in_process(tmp_path, tiny_cache,
                                                                    local_ray, layout):
-    """GRPO with the reference, old log-probs and two passes: both ranks hold every row and
+    """GRPO with the reference, old log-probs and two passes: the ranks hold every row and
     split its packed tokens (context parallelism) or the model's matrices (tensor
-    parallelism), or split the rows and generate together as one rollout group, so the run
-    is one rank's."""
+    parallelism), or both over four ranks, or split the rows and generate together as one
+    rollout group, so the run is one rank's."""
     sections, place = LAYOUTS[layout]
 
     def spec(out: Path, devices: int, **extra) -> dict:
@@ -88,14 +91,16 @@ def test_two_model_parallel_ranks_on_ray_equal_one_rank_in_process(tmp_path, tin
         return tiny_spec(out, resources={"devices_per_node": devices}, trainer={"total_steps": 2},
                          actor=actor, **extra)
 
+    devices = place[1] * place[2] * max(place[0], place[3])  # every rank of the layout
     RLTrainer(resolve_spec(spec(tmp_path / "one", 1))).fit()
-    trainer = RLTrainer(resolve_spec(spec(tmp_path / "two", 2, **sections)), backend="ray")
+    trainer = RLTrainer(resolve_spec(spec(tmp_path / "two", devices, **sections)), backend="ray")
     names = ("data_parallel", "context_parallel", "tensor_parallel", "rollout_parallel",
              "engine_context_parallel", "engine_tensor_parallel")
-    assert [tuple(r[n] for n in names) for r in trainer.roles.actor.call("layout")] == [place] * 2
+    assert [tuple(r[n] for n in names)
+            for r in trainer.roles.actor.call("layout")] == [place] * devices
     reference = place[:3] + (1,) + place[4:]  # the reference does not roll out
     assert [tuple(r[n] for n in names)
-            for r in trainer.roles.reference.call("layout")] == [reference] * 2
+            for r in trainer.roles.reference.call("layout")] == [reference] * devices
     trainer.fit()
     one, two = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")
     assert [m["step"] for m in one] == [m["step"] for m in two] == [1, 2]
