@@ -47,20 +47,19 @@ def shard_model(model: torch.nn.Module, mesh: Any, param_dtype: str = "float32",
     over its "shard" dimension."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
-    from rl_core.engines.tensor import SHARD_DIM, TP_DIM, parallelize
+    from rl_core.engines.tensor import TP_DIM, parallelize
 
     policy = MixedPrecisionPolicy(param_dtype=PARAM_DTYPES[param_dtype], reduce_dtype=torch.float32)
     pin = mesh.device_type != "cpu"  # page-locked host memory exists beside an accelerator only
     extra = {"offload_policy": CPUOffloadPolicy(pin_memory=pin)} if offload else {}
     units = [*decoder_layers(model), model]  # the root last: it takes what the layers leave
-    split = TP_DIM in (mesh.mesh_dim_names or ())
-    shard_mesh = mesh[SHARD_DIM] if split else mesh
+    shard_mesh = _shard_mesh(mesh)
 
     def shard(unit: torch.nn.Module) -> None:
         fully_shard(unit, mesh=shard_mesh, mp_policy=policy,
                     reshard_after_forward=reshard_after_forward, **extra)
 
-    if split:
+    if shard_mesh is not mesh:  # tensor parallelism over the rest of the mesh
         parallelize(model, mesh[TP_DIM], each=shard)
     else:
         for unit in units:
