@@ -85,10 +85,11 @@ for the rest), except the gathered inputs of attention and the MLP (2·b·h a la
 output head, which their column-parallel projections keep whole for backward; each device
 computes the logits of 1/t of the vocabulary.
 
-A rollout group (`rollout.tensor_parallel_size` r, the native engine with fsdp2): each device
-holds 1/r of the layers' weights (the embedding, norms and head whole), of the fast decoder's
-packed copies, of the KV cache (its key/value heads) and of the prefill's projections; the group
-generates the prompts of r devices together.
+A rollout group (`rollout.tensor_parallel_size` r): with the native engine (and fsdp2) each
+device holds 1/r of the layers' weights (the embedding, norms and head whole), of the fast
+decoder's packed copies, of the KV cache (its key/value heads) and of the prefill's projections;
+with vLLM 1/r of all its weights and of its KV cache; the group generates the prompts of r
+devices together.
 
 Logits of a micro-batch: rows × response length × vocabulary elements in `model.dtype` from the
 output head, and in training their gradient, as large; the log-probs and entropy are computed a
@@ -776,15 +777,19 @@ def _vllm_rollout(s: Setup, shape: ModelShape) -> list[Component]:
     `gpu_memory_utilization` of the device while generating and sleeps in every other phase
     (weights in host memory, cache dropped); on the CPU it does not sleep, keeps every
     projection prepacked beside the embedding, and sizes its cache for `VLLM_CPU_MAX_SEQS` sequences
-    of `max_model_len` tokens (`VLLM_CPU_MAX_SEQS`)."""
-    b = s.dtype_bytes
+    of `max_model_len` tokens (`VLLM_CPU_MAX_SEQS`). In a tensor-parallel group of r devices
+    each holds 1/r of the weights (the vocabulary split too) and of the key/value heads."""
+    b, r = s.dtype_bytes, s.rollout_parallel
     weights = shape.parameters * b
     template = [Component("actor full model (template)", weights, (), "the model the shards "
                           "and the saved folders are made from, in host memory", host=True)
                 ] if s.strategy == "fsdp2" else []
+    part = f"; 1/{r} (a vLLM tensor-parallel group)" if r > 1 else ""
+    weights = math.ceil(weights / r)
+    per_token = math.ceil(shape.kv_bytes_per_token(b) / r)
     if s.device_type != "cpu":
         if s.device_memory_bytes is None:
-            cache = s.rollout_rows * _kv_length(s) * shape.kv_bytes_per_token(b)
+            cache = s.rollout_rows * _kv_length(s) * per_token
             note = "one batch's sequences (device memory unknown)"
         else:
             cache = int(s.gpu_memory_utilization * s.device_memory_bytes) - weights
@@ -792,15 +797,18 @@ def _vllm_rollout(s: Setup, shape: ModelShape) -> list[Component]:
                     "the device; dropped while asleep")
         return template + [
             Component("vLLM weights", weights, ("rollout",),
-                      "synced after every update; in host memory while vLLM sleeps", host=True),
-            Component("vLLM KV cache", max(cache, 0), ("rollout",), note)]
-    cache = vllm_cpu_kv_tokens(s.max_model_len, VLLM_CPU_MAX_SEQS) * shape.kv_bytes_per_token(b)
-    packed = (shape.parameters - shape.embedding_parameters) * b
+                      f"synced after every update; in host memory while vLLM sleeps{part}",
+                      host=True),
+            Component("vLLM KV cache", max(cache, 0), ("rollout",), note + part)]
+    cache = vllm_cpu_kv_tokens(s.max_model_len, VLLM_CPU_MAX_SEQS) * per_token
+    packed = math.ceil((shape.parameters - shape.embedding_parameters) * b / r)
     return template + [
-        Component("vLLM weights", weights, PHASES, "vLLM's own copy, synced after every update"),
-        Component("vLLM packed projections", packed, PHASES, "oneDNN prepacked copies"),
+        Component("vLLM weights", weights, PHASES,
+                  f"vLLM's own copy, synced after every update{part}"),
+        Component("vLLM packed projections", packed, PHASES, f"oneDNN prepacked copies{part}"),
         Component("vLLM KV cache", cache, PHASES,
-                  f"{VLLM_CPU_MAX_SEQS} sequences x {s.max_model_len} tokens, allocated at start"),
+                  f"{VLLM_CPU_MAX_SEQS} sequences x {s.max_model_len} tokens, allocated at "
+                  f"start{part}"),
     ]
 
 

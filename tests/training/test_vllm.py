@@ -1,7 +1,8 @@
 """`rollout.engine: vllm` on vLLM's CPU build, over the SFT base: the same greedy tokens as the
 native engine and transformers, sampled log-probs of the training forward, a sync after every
 update that leaves vLLM holding exactly the trained policy, a skipped sync caught by the weight
-version, a run that learns, and two Ray ranks."""
+version, a run that learns, and two Ray ranks; a vLLM tensor-parallel group of two ranks holds
+its part of every weight bit for bit and samples what one engine does."""
 
 from __future__ import annotations
 
@@ -101,16 +102,21 @@ def test_sampled_logprobs_agree_with_a_full_forward(actor, prompts):
     assert torch.equal(batch.response_ids, again.response_ids)  # seeded per prompt
     other = actor.generate(prompts, params, seed=8)
     assert not torch.equal(batch.response_ids, other.response_ids)
+    assert_forward_logprobs(actor.model, batch, 0.8)
+    assert (batch.logprobs[~batch.response_mask.bool()] == 0).all()
+
+
+def assert_forward_logprobs(model, batch, temperature: float) -> None:
+    """The sampled tokens' log-probs of `batch` are those of `model`'s full forward."""
     data = batch.with_sequences()
     with torch.no_grad():
-        logits = actor.model(input_ids=data["input_ids"], attention_mask=data["attention_mask"],
-                             position_ids=data["position_ids"]).logits
+        logits = model(input_ids=data["input_ids"], attention_mask=data["attention_mask"],
+                       position_ids=data["position_ids"]).logits
     width = batch.response_ids.shape[1]
-    full, _ = token_logprobs(logits[:, -width - 1:-1], batch.response_ids, 0.8)
+    full, _ = token_logprobs(logits[:, -width - 1:-1], batch.response_ids, temperature)
     mask = batch.response_mask.bool()
     assert mask.sum() > 100
     assert (full - batch.logprobs)[mask].abs().max() < LOGPROB_TOLERANCE
-    assert (batch.logprobs[~mask] == 0).all()
 
 
 def test_shards_of_a_batch_sample_what_the_whole_batch_does(actor, prompts):
@@ -167,6 +173,102 @@ def test_a_skipped_sync_is_caught_by_the_weight_version(actor, prompts):
     assert actor.generate(prompts, greedy())["weight_version"][0] == actor.policy_version
 
 
+def _tensor_parallel_rank(rank: int, base: str, prompts: list, out: str) -> None:
+    """Rank `rank` of a vLLM tensor-parallel group of two (vLLM's external launcher, joined to
+    this gloo group): the base's weights synced in two buckets, then a greedy and a sampled
+    rollout and this rank's parts of the weights."""
+    from safetensors.torch import load_file
+
+    from rl_core.rollout import vllm as rl_vllm
+
+    engine = rl_vllm.VLLMRolloutEngine(base, eos_token_ids=[258], pad_token_id=256, device="cpu",
+                               dtype=torch.float32, max_model_len=64, max_num_seqs=64,
+                               tensor_parallel_size=2)
+    # vLLM's CPU layers fold their weights into prepacked kernels as they load: record each
+    # weight as it is packed
+    import vllm.model_executor.layers.utils as layer_utils
+
+    loaded, pack = {}, layer_utils.dispatch_cpu_unquantized_gemm
+
+    def recording(layer, remove_weight):
+        loaded[f"{layer.prefix}.weight"] = layer.weight.detach().clone()
+        pack(layer, remove_weight)
+
+    layer_utils.dispatch_cpu_unquantized_gemm = recording
+    weights = sorted(load_file(f"{base}/model.safetensors").items())
+    engine.load_weights([weights[:len(weights) // 2], weights[len(weights) // 2:]], version=0)
+    greedy_batch = engine.generate(prompts, greedy())
+    sampled = engine.generate(prompts, SamplingParams(max_new_tokens=8, temperature=0.8, n=4),
+                              seeds=list(range(100, 100 + len(prompts))))
+    parts = engine.llm.apply_model(lambda model: {k: v.clone() for k, v in
+                                                  model.state_dict().items() if v.numel()})[0]
+    segment = rl_vllm._cpu_shm_segment()
+    held = segment.exists()
+    engine.close()
+    torch.save({"greedy": greedy_batch, "sampled": sampled, "parts": {**parts, **loaded},
+                "segment": (segment.name, held, segment.exists())}, f"{out}.{rank}")
+
+
+def vllm_part(name: str, full: dict, rank: int, size: int) -> tuple[str, torch.Tensor] | None:
+    """The part of a Hugging Face weight rank `rank` of a vLLM group of `size` holds, under
+    vLLM's name: q/k/v fused (each its heads), gate/up fused (their rows), o and down by
+    columns, the embedding by vocabulary rows (padded to 64 a rank); None for the rest."""
+    def rows(t):
+        return t.chunk(size)[rank]
+
+    layer, _, short = name.rpartition(".")[0].rpartition(".")
+    kind = name.rsplit(".", 1)[1]
+    if short == "q_proj":
+        fused = [full[f"{layer}.{p}.{kind}"] for p in ("q_proj", "k_proj", "v_proj")]
+        return f"{layer}.qkv_proj.{kind}", torch.cat([rows(t) for t in fused])
+    if short == "gate_proj":
+        fused = [full[f"{layer}.{p}.{kind}"] for p in ("gate_proj", "up_proj")]
+        return f"{layer}.gate_up_proj.{kind}", torch.cat([rows(t) for t in fused])
+    if short in ("o_proj", "down_proj"):
+        return name, full[name].chunk(size, dim=1)[rank]
+    if name == "model.embed_tokens.weight":
+        width = -(-full[name].shape[0] // 64) * 64 // size
+        return name, full[name][rank * width:(rank + 1) * width]
+    return None
+
+
+def test_a_vllm_tensor_parallel_group_holds_its_parts_and_samples_as_one_engine(
+        tmp_path, sft_base, prompts):
+    """vLLM at `rollout.tensor_parallel_size: 2` on two ranks: each rank's parts of the synced
+    weights are the base's bit for bit; both ranks return the same batch, its greedy tokens
+    those of transformers and its sampled log-probs those of the full model's forward."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from tests.ranks import spawn
+
+    out = tmp_path / "group"
+    spawn(_tensor_parallel_rank, 2, tmp_path, str(sft_base), prompts, str(out))
+    ranks = [torch.load(f"{out}.{rank}", weights_only=False) for rank in range(2)]
+    full = load_file(sft_base / "model.safetensors")
+    for rank, got in enumerate(ranks):
+        checked = 0
+        for name in full:
+            part = vllm_part(name, full, rank, 2)
+            if part is not None:
+                vllm_name, want = part
+                held = got["parts"][vllm_name]
+                assert torch.equal(held[:len(want)], want), (rank, vllm_name)
+                checked += 1
+        assert checked == 1 + 4 * 5  # the embedding; a layer's q/k/v (and biases), o, gate/up, down
+    # each rank's part of vLLM's CPU all-reduce left /dev/shm with the engine
+    assert [got["segment"] for got in ranks] == [
+        ("-tp:0-[0-1]-cpushm_0", True, False), ("-tp:0-[0-1]-cpushm_1", True, False)]
+    for how in ("greedy", "sampled"):
+        first, second = (got[how] for got in ranks)
+        assert first.keys() == second.keys()
+        for column in first.keys():
+            assert torch.equal(first[column], second[column]), (how, column)
+    model = AutoModelForCausalLM.from_pretrained(sft_base, local_files_only=True)
+    assert responses(ranks[0]["greedy"]) == hf_greedy(model, prompts, 6, [258], 256)
+    assert_forward_logprobs(model, ranks[0]["sampled"], 0.8)
+
+
 def test_grpo_with_vllm_raises_validation_accuracy(tmp_path, sft_base):
     out = tmp_path / "grpo"
     run(resolve_spec(vllm_spec(sft_base, out, 20, actor={"ppo_micro_batch_size": 128,
@@ -182,10 +284,14 @@ def test_grpo_with_vllm_raises_validation_accuracy(tmp_path, sft_base):
     assert all(m["timing/weight_sync"] > 0 for m in steps)
 
 
-def test_two_ray_ranks_roll_out_with_vllm(tmp_path, sft_base, local_ray):
+@pytest.mark.parametrize("group", [1, 2], ids=["an-engine-a-rank", "one-tensor-parallel-group"])
+def test_two_ray_ranks_roll_out_with_vllm(tmp_path, sft_base, local_ray, group):
+    """Two FSDP2 ranks on Ray, each with its own vLLM engine or both one vLLM
+    tensor-parallel group (`rollout.tensor_parallel_size: 2`), synced after every update."""
     out = tmp_path / "ray"
     spec = vllm_spec(sft_base, out, 3, resources={"devices_per_node": 2},
-                     actor={"strategy": "fsdp2", "rollout_is": "sequence"})
+                     actor={"strategy": "fsdp2", "rollout_is": "sequence"},
+                     rollout={"tensor_parallel_size": group})
     spec["trainer"] = {**spec["trainer"], "eval_every": 0}
     run(resolve_spec(spec), backend="ray")
     logged = read_metrics(out)

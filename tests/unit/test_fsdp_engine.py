@@ -5,14 +5,12 @@ its part) reloads on the same ranks and, resharded, on one; another model's is r
 from __future__ import annotations
 
 import copy
-import os
-import sys
-import tempfile
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from test_train_engine import R, make_batch, ppo_loss_fn
+
+from tests.ranks import spawn
 
 from rl_core.engines.train import TrainEngine
 from rl_core.models.tiny import build_tiny
@@ -53,35 +51,6 @@ def _engine(world: int, seed: int = 1, **extra):
     model, tokenizer = build_tiny("nano", seed=seed)
     data = batches(tokenizer.pad_token_id, model)
     return FSDP2Engine(model, mesh=init_device_mesh("cpu", (world,)), **OPTIONS, **extra), data
-
-
-def _in_group(rank: int, work, world: int, rendezvous: str, *args) -> None:
-    """One spawned rank: `work(rank, *args)` in a gloo group of `world` ranks.
-
-    A rank that succeeded leaves with os._exit, not through the interpreter's finalization:
-    gloo's worker threads may still hold the last reference to a finished collective's tensors,
-    and one that drops it while the interpreter is being torn down needs the GIL, which a
-    finalizing Python 3.11 refuses by ending the thread, and the C++ destructor it is in aborts
-    the process ("terminate called without an active exception", SIGABRT; seen on a loaded
-    machine about once in eight runs of these tests). A failure still goes back to mp.spawn,
-    which writes its traceback before the process exits."""
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
-    try:
-        work(rank, *args)
-    finally:
-        dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
-
-
-def spawn(work, world: int, tmp_path, *args) -> None:
-    """Run `work(rank, *args)` on `world` ranks of a gloo group (a new rendezvous each call)."""
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    rendezvous = tempfile.mkdtemp(dir=tmp_path, prefix="rendezvous-")
-    mp.spawn(_in_group, args=(work, world, f"{rendezvous}/file", *args), nprocs=world, join=True)
 
 
 def _rank(rank: int, out: str, cuts: tuple[int, ...], extra: dict | None = None) -> None:

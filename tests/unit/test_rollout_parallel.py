@@ -165,8 +165,8 @@ def test_heads_a_rollout_group_cannot_share_are_refused_naming_the_field():
         split_layers(nano(), 0, 4)
 
 
-def test_the_spec_takes_a_rollout_group_with_fsdp2_and_the_native_engine():
-    from rl_core.spec import SpecError, resolve_spec
+def test_the_spec_takes_a_rollout_group_with_fsdp2_or_vllm():
+    from rl_core.spec import SpecError, planned_engine, resolve_spec
 
     def spec(**sections):
         base = {"data": {"synthetic": {"task": "addition"}, "train_batch_size": 4},
@@ -174,20 +174,38 @@ def test_the_spec_takes_a_rollout_group_with_fsdp2_and_the_native_engine():
                 "actor": {"strategy": "fsdp2", "ppo_mini_batch_size": 2},
                 "rollout": {"tensor_parallel_size": 2}, "trainer": {"logger": []}}
         for key, value in sections.items():
-            base[key] = {**base[key], **value}
+            base[key] = {**base.get(key, {}), **value}
         return resolve_spec(base)
 
     assert spec().rollout.tensor_parallel_size == 2
-    gpu = spec(resources={"device_type": "gpu"})
-    from rl_core.spec import planned_engine
-
-    assert planned_engine(gpu) == "native"  # auto: only the native engine splits
+    assert planned_engine(spec(resources={"device_type": "gpu"})) == "vllm"  # auto
+    # vLLM splits its own copy whatever engine trains
+    assert spec(actor={"strategy": "torch"}, rollout={"engine": "vllm"}).rollout.engine == "vllm"
     with pytest.raises(SpecError, match=r"rollout.tensor_parallel_size: 2 splits the rollout's "
-                                        r"own copy .*set actor.strategy: fsdp2"):
+                                        r"own copy .*set actor.strategy: fsdp2, rollout.engine: "
+                                        r"vllm"):
         spec(actor={"strategy": "torch"})
-    with pytest.raises(SpecError, match=r"rollout.tensor_parallel_size: 2 splits the native "
-                                        r"engine's layers.*rollout.engine: native"):
-        spec(rollout={"engine": "vllm"})
+    same = {"resharding": "none", "tensor_parallel_size": 2}
+    with pytest.raises(SpecError, match=r"parallel.resharding: none sends each device its "
+                                        r"tensor-parallel part.*rollout.engine: native"):
+        spec(rollout={"engine": "vllm"}, parallel=same)
+    assert spec(parallel=same).parallel.resharding == "none"  # native
+
+
+def test_a_vllm_group_is_refused_naming_the_field_where_it_cannot_split(tmp_path):
+    """Checked where vLLM is built, before it starts: the model's attention heads and the
+    actor's ranks divide by the group."""
+    from rl_core.errors import InputError
+    from rl_core.models.tiny import save_tiny
+    from rl_core.rollout.vllm import join_tensor_parallel
+
+    folder = str(save_tiny(tmp_path / "nano", "nano"))  # 4 attention heads
+    with pytest.raises(InputError, match=r"rollout.tensor_parallel_size: 3 does not divide "
+                                         r".*'s 4 attention heads"):
+        join_tensor_parallel(folder, 3, torch.device("cpu"))
+    with pytest.raises(InputError, match=r"rollout.tensor_parallel_size: 2 does not divide the "
+                                         r"actor's 1 ranks"):
+        join_tensor_parallel(folder, 2, torch.device("cpu"))
 
 
 def test_the_plan_gives_each_device_of_a_rollout_group_its_part():
@@ -209,6 +227,32 @@ def test_the_plan_gives_each_device_of_a_rollout_group_its_part():
     assert two["rollout full weights"] < one["rollout full weights"]
     assert two["rollout packed weights"] == pytest.approx(one["rollout packed weights"] / 2,
                                                           abs=1)
+
+
+@pytest.mark.parametrize("device", ["cpu", "gpu"])
+def test_the_plan_gives_each_device_of_a_vllm_group_its_part(device):
+    from rl_core import memory_plan as mp
+    from rl_core.spec import resolve_spec
+
+    def parts(size: int) -> dict[str, int]:
+        spec = resolve_spec({"data": {"synthetic": {"task": "addition"}, "train_batch_size": 4},
+                             "model": {"path": "tiny:nano"},
+                             "resources": {"devices_per_node": 2, "device_type": device},
+                             "actor": {"strategy": "fsdp2", "ppo_mini_batch_size": 2},
+                             "rollout": {"engine": "vllm", "tensor_parallel_size": size},
+                             "trainer": {"logger": []}})
+        plan = mp.plan(spec, mp.tiny_shape("nano"), device_memory_bytes=mp.GIB)
+        return {c.name: c.bytes for c in plan.components}
+
+    one, two = parts(1), parts(2)
+    assert two["vLLM weights"] == pytest.approx(one["vLLM weights"] / 2, abs=1)
+    assert two["actor full model (template)"] == one["actor full model (template)"]
+    if device == "cpu":  # a fixed cache of half the key/value heads
+        assert two["vLLM KV cache"] == pytest.approx(one["vLLM KV cache"] / 2, abs=1)
+        assert two["vLLM packed projections"] == pytest.approx(
+            one["vLLM packed projections"] / 2, abs=1)
+    else:  # the rest of its share of the device, which half the weights leave larger
+        assert two["vLLM KV cache"] > one["vLLM KV cache"]
 
 
 def test_the_32b_example_fits_a_910b_only_with_rollout_groups():

@@ -256,7 +256,7 @@ RULE_CASES = [
     (
         ["resources.devices_per_node=2", "rollout.tensor_parallel_size=2"],
         "rollout.tensor_parallel_size",
-        "set actor.strategy: fsdp2, or tensor_parallel_size: 1",
+        "set actor.strategy: fsdp2, rollout.engine: vllm, or tensor_parallel_size: 1",
     ),
     (["resources.devices_per_node=8"], "data.train_batch_size", "use a multiple of 8"),
     (["actor.ppo_mini_batch_size=3"], "actor.ppo_mini_batch_size", "pick a divisor of 4"),
