@@ -8,13 +8,16 @@ it puts the tensor where the group's backend takes it (`placement`, a pure funct
 every backend on any host), in a dtype that backend has, reduces it and hands back a tensor on
 the caller's device in the caller's dtype. `reduce_numbers` does the same for a few Python
 numbers in one call (integers as int64, exact; other numbers as float32); `all_to_all` and
-`all_gather` move tensors the same way (context parallelism's exchanges).
+`all_gather` move tensors the same way (context parallelism's exchanges). `Link` is a process
+group of its own between processes of different roles (a trainer rank and a rollout pool), each
+keeping its role's default group, and broadcasts over it the same way.
 tests/unit/test_layout.py fails on a collective called anywhere else in rl_core.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -131,3 +134,59 @@ def ring_pass(tensor: torch.Tensor, group: dist.ProcessGroup | None = None,
     got = torch.empty_like(sent)
     dist.all_to_all_single(got, sent, output_split_sizes=out, input_split_sizes=into, group=group)
     return got.view(tensor.shape).to(device=tensor.device, dtype=tensor.dtype)
+
+
+class Link:
+    """A process group of `size` processes outside their default groups, joined over a
+    TCPStore at `host:port` that rank 0 serves: every process keeps the group of its own role
+    and talks to the other role through this one. `backend` is the roles' ("gloo" on CPUs,
+    "nccl" on CUDA, "hccl" on Ascend); broadcasts travel as that backend takes them, as every
+    collective here does.
+
+        link = Link("10.0.0.5", 29600, rank, 1 + pool, "nccl")   # rank 0: the trainer
+        tensor = link.broadcast(tensor, src=0)
+    """
+
+    def __init__(self, host: str, port: int, rank: int, size: int, backend: str,
+                 timeout_s: float = 1800.0) -> None:
+        timeout = timedelta(seconds=timeout_s)
+        store = dist.TCPStore(host, port, size, is_master=rank == 0, timeout=timeout)
+        self.store = dist.PrefixStore("link", store)
+        self.backend, self.rank, self.size = backend, rank, size
+        self.group = _standalone_group(backend, self.store, rank, size, timeout)
+
+    @property
+    def device(self) -> str:
+        """Where the backend moves tensors (this process's current device of its kind)."""
+        return placement(self.backend, None, torch.uint8)[0]
+
+    def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
+        """`tensor` of rank `src` on every rank (each gives one of the same shape and dtype):
+        in place where it lies where the backend moves it, else a copy on the caller's device
+        and dtype (use the result)."""
+        where, wire = placement(self.backend, tensor.device, tensor.dtype)
+        moved = tensor
+        if where != str(tensor.device) or tensor.dtype != wire or not tensor.is_contiguous():
+            moved = tensor.to(device=where, dtype=wire).contiguous()
+        options = dist.BroadcastOptions()
+        options.rootRank, options.rootTensor = src, 0
+        self.group.broadcast([moved], options).wait()
+        return moved if moved is tensor else moved.to(device=tensor.device, dtype=tensor.dtype)
+
+
+def _standalone_group(backend: str, store: dist.Store, rank: int, size: int,
+                      timeout: timedelta) -> dist.ProcessGroup:
+    """A `backend` process group over `store` that torch.distributed's world does not hold."""
+    if backend == "gloo":
+        return dist.ProcessGroupGloo(store, rank, size, timeout)
+    if backend == "nccl":
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        return dist.ProcessGroupNCCL(store, rank, size, options)
+    if backend == "hccl":
+        from torch_npu._C._distributed_c10d import ProcessGroupHCCL  # the Ascend image's
+
+        options = ProcessGroupHCCL.Options()
+        options._timeout = timeout
+        return ProcessGroupHCCL(store, rank, size, options)
+    raise ValueError(f"no standalone {backend!r} process group: rl_core links gloo, nccl and hccl")

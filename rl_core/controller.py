@@ -438,6 +438,7 @@ class Controller:
         plan = {
             "reward": (self.roles.reward, ["response_ids", "response_lengths", "truth"],
                        ["score", *(f"reward_fn/{n}" for n in self.rewards.names)]),
+            "rm_score": (self.roles.reward_model, list(SEQUENCE_COLUMNS), ["rm_score"]),
             "ref_logprob": (self.roles.reference, list(SEQUENCE_COLUMNS), ["ref_logprobs"]),
             "old_logprob": (self.roles.actor, list(SEQUENCE_COLUMNS), ["old_logprobs"]),
             "values": (self.roles.critic, list(SEQUENCE_COLUMNS), ["values"]),
@@ -486,17 +487,31 @@ class Controller:
         timer.seconds["stages"] += time.perf_counter() - started
         return out, metrics
 
+    @property
+    def reward_stages(self) -> list[str]:
+        """The stages that score a batch: the rule rewards, and the reward model's with
+        `reward.reward_model`."""
+        return ((["reward"] if self.roles.reward is not None else [])
+                + (["rm_score"] if self.roles.reward_model is not None else []))
+
     def scores(self, batch: Batch, columns: Batch, max_new_tokens: int
                ) -> tuple[torch.Tensor, dict[str, float]]:
-        """Scores with overlong shaping; reward metrics; a non-finite score stops the run."""
+        """Scores (the rule rewards' sum plus `reward.reward_model_weight` times the reward
+        model's) with overlong shaping; reward metrics; a non-finite score stops the run."""
         from rl_core import algos
 
-        scores = columns["score"].float()
+        scores = columns["score"].float() if "score" in columns else torch.zeros(len(batch))
         metrics = {f"reward/{name}/mean": float(columns[f"reward_fn/{name}"].mean())
                    for name in self.rewards.names}
-        counters = self.roles.reward.call("counters")
-        metrics["reward/timeouts"] = float(sum(c["timeouts"] for c in counters))
-        metrics["reward/errors"] = float(sum(c["errors"] for c in counters))
+        if "rm_score" in columns:
+            learned = columns["rm_score"].float()
+            scores = scores + self.spec.reward.reward_model_weight * learned
+            metrics["reward/model/mean"] = float(learned.mean())
+            metrics["reward/model/std"] = float(learned.std()) if len(learned) > 1 else 0.0
+        if self.roles.reward is not None:
+            counters = self.roles.reward.call("counters")
+            metrics["reward/timeouts"] = float(sum(c["timeouts"] for c in counters))
+            metrics["reward/errors"] = float(sum(c["errors"] for c in counters))
         if not torch.isfinite(scores).all():
             raise TrainingStopped(self.step + 1, "a reward is not finite", metrics)
         buffer = self.spec.advantage.overlong_buffer
@@ -550,7 +565,8 @@ class ShardedRollout:
 
 
 class RewardsView:
-    """`score_batch(texts, truths)` and `names` on the first reward worker."""
+    """`score_batch(texts, truths)` and `names` on the first reward worker (None: no rule
+    rewards, the reward model alone)."""
 
     def __init__(self, group) -> None:
         self.group = group
@@ -558,8 +574,9 @@ class RewardsView:
 
     @property
     def names(self) -> list[str]:
+        """The reward functions' names; none without a reward worker (a reward model alone)."""
         if self._names is None:
-            self._names = list(self.group.call("score_names")[0])
+            self._names = [] if self.group is None else list(self.group.call("score_names")[0])
         return self._names
 
     def score_batch(self, texts, truths):

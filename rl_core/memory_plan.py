@@ -43,7 +43,10 @@ What each engine keeps (P parameters, D = `spec.data_parallel_size` devices, b t
   two layers to compute; with `reference.offload` the shards stay in host memory (on cpu
   nothing is offloaded: the device is the host). The critic (PPO) is the policy's body under a
   one-output head and keeps parameters, gradients and moments like the actor (same strategy,
-  no offload, no gradient checkpointing: the critic loads without it).
+  no offload, no gradient checkpointing: the critic loads without it). A reward model
+  (`reward.reward_model`) is frozen and whole on every device (its own shape, read from its
+  config.json where the folder is readable here, else the policy's) and scores in the
+  `log-probs` phase.
 
 Phases. Memory is added up per phase, and the peak is the largest phase: `load` (roles build
 their models), `rollout` (native generation: static KV cache, the fast decoder's packed
@@ -51,7 +54,8 @@ weights; with `rollout.engine: vllm`, and with `auto` on gpu and npu (`planned_e
 takes vLLM there where it is importable, and the native engine where vLLM's share would not fit
 beside training and the native engine's does), vLLM's weights and KV cache, which on an accelerator
 take `rollout.gpu_memory_utilization` of the device in this phase only, vLLM sleeping in the
-others), `log-probs` (the reference, old log-probs and values stages run at once),
+others), `log-probs` (the reference, old log-probs, values and reward-model stages run at
+once),
 `backward` (actor and critic updates run at once) and `step` (gradient reduction and AdamW).
 The rollout generates the larger of a training batch and, when `trainer.eval_every` is set, a
 validation batch. The fast decoder copies q/k/v and gate/up into fused weights; on CPU it also
@@ -439,6 +443,9 @@ class Setup:
     tensor_parallel: int = 1
     # rollout.tensor_parallel_size: the devices of a rollout group, each its part of the layers
     rollout_parallel: int = 1
+    # reward.reward_model: its shape and the rows of one of its forwards (None: no such model)
+    reward_model: ModelShape | None = None
+    reward_model_rows: int | None = None
 
     @property
     def ranks(self) -> int:
@@ -480,8 +487,24 @@ def setup_of(spec: RunSpec) -> Setup:
         max_model_len=vllm_max_model_len(spec),
         master_weights=spec.actor.master_weights, context_parallel=cp,
         context_parallel_algo=spec.parallel.context_parallel_algo, tensor_parallel=tp,
-        rollout_parallel=rp,
+        rollout_parallel=rp, reward_model=reward_model_shape(spec),
+        reward_model_rows=min(spec.reward.reward_model_micro_batch_size,
+                              math.ceil(spec.data.train_batch_size / dp)
+                              * spec.rollout.n_samples_per_prompt)
+        if spec.reward.reward_model is not None else None,
     )
+
+
+def reward_model_shape(spec: RunSpec) -> ModelShape | None:
+    """The shape of `reward.reward_model`: its config.json where readable here, else (a folder
+    on the cluster) the policy's; None without one."""
+    path = spec.reward.reward_model
+    if path is None:
+        return None
+    config = Path(path).expanduser() / "config.json"
+    if config.is_file():
+        return shape_from_config(_read_json(config), f"reward.reward_model: {config}")
+    return shape_of(spec)
 
 
 def _micro_rows(spec: RunSpec, dp: int) -> dict[str, int | None]:
@@ -659,6 +682,8 @@ def components(s: Setup, shape: ModelShape) -> list[Component]:
     parts += _reference(s, shape)
     if s.critic_rows is not None:
         parts += _critic(s, shape)
+    if s.reward_model is not None and s.reward_model_rows is not None:
+        parts += _reward_model(s, s.reward_model, s.reward_model_rows)
     return [c for c in parts if c.bytes > 0]
 
 
@@ -977,6 +1002,18 @@ def _reference(s: Setup, shape: ModelShape) -> list[Component]:
     return [params, *forward]
 
 
+def _reward_model(s: Setup, shape: ModelShape, rows: int) -> list[Component]:
+    """The reward model: frozen and whole on every device, one forward of `rows` rows in the
+    stages (its score head reads one position a row: no logits to speak of)."""
+    b, tokens = s.dtype_bytes, rows * s.seq_len
+    return [
+        Component("reward_model parameters", shape.parameters * b, PHASES,
+                  f"{s.dtype}, whole on every device"),
+        Component("reward_model forward", tokens * forward_bytes_per_token(shape, b),
+                  ("log-probs",), f"{rows} rows x {s.seq_len} tokens, one layer at a time"),
+    ]
+
+
 def _critic(s: Setup, shape: ModelShape) -> list[Component]:
     """The critic: its own training state, an update without checkpointing, a values forward."""
     rows, seq = s.critic_rows or 0, s.seq_len
@@ -1041,7 +1078,8 @@ def _one_row_micro_batches(s: Setup) -> tuple[str, dict[str, Any]] | None:
         fields["train_rows"] = 1
     for name, key, rows in (("rollout", "old_logprob_rows", s.old_logprob_rows),
                             ("reference", "reference_rows", s.reference_rows),
-                            ("critic", "critic_rows", s.critic_rows)):
+                            ("critic", "critic_rows", s.critic_rows),
+                            ("reward", "reward_model_rows", s.reward_model_rows)):
         if rows is not None and rows > 1:
             fields[key] = 1
             if not (name == "rollout" and s.dynamic_bsz):
@@ -1050,7 +1088,7 @@ def _one_row_micro_batches(s: Setup) -> tuple[str, dict[str, Any]] | None:
 
 
 _MICRO_KEYS = {"rollout": "log_prob_micro_batch_size", "reference": "log_prob_micro_batch_size",
-               "critic": "ppo_micro_batch_size"}
+               "critic": "ppo_micro_batch_size", "reward": "reward_model_micro_batch_size"}
 
 
 # --------------------------------------------------------------------------- text

@@ -26,6 +26,13 @@ from django.db import connection
 
 BIN = Path(sys.executable).parent
 ROOT = Path(__file__).resolve().parents[1]
+# Built models (tiny:nano, the warm start tiny:small-addition: an SFT of about a minute) are
+# cached where `make run` caches them, once per machine: each build's folder is named by a
+# digest of its recipe, so a changed model or recipe is built afresh, never reused stale. Read
+# as the tests start (the training tier's `tiny_cache` points the variable elsewhere later), so
+# both tiers' runs of the warm start share one build: the first builds it under a file lock, the
+# other waits for it.
+MACHINE_CACHE = os.environ.get("ASCENT_CACHE_DIR") or str(ROOT / "var" / "cache")
 MLFLOW_TEST_DB = "ascent_mlflow_test"
 
 
@@ -325,10 +332,7 @@ def dispatch_env(ray_head, ray_head_token, mlflow_server, tmp_path, settings):
     db = connection.settings_dict
     database_url = f"postgres://{db['USER']}:{db['PASSWORD']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
     runs = tmp_path / "runs"
-    # Built models (tiny:nano, the warm start tiny:small-addition: an SFT of about a minute) are
-    # cached where `make run` caches them, once per machine: each build's folder is named by a
-    # digest of its recipe, so a changed model or recipe is built afresh, never reused stale.
-    cache = os.environ.get("ASCENT_CACHE_DIR") or str(ROOT / "var" / "cache")
+    cache = MACHINE_CACHE  # built models, once per machine
     settings.MLFLOW_TRACKING_URI = mlflow_server
     settings.RAY_AUTH_TOKEN = ray_head_token
     settings.ASCENT_RUNS_DIR = runs

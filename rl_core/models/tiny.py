@@ -3,6 +3,7 @@
     model, tokenizer = build_tiny("small", seed=0)        # in memory
     folder = save_tiny("/tmp/tiny-small", "small")         # a Hugging Face folder
     folder = resolve_tiny("small")                         # cached build behind `tiny:small`
+    folder = save_tiny_reward_model("/tmp/tiny-rm", "nano")   # a one-label score head over it
 
 A saved folder is a plain Hugging Face causal-LM folder (config.json, generation_config.json,
 model.safetensors, tokenizer.json, tokenizer_config.json with the chat template,
@@ -23,7 +24,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import (
+    GenerationConfig,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen2ForSequenceClassification,
+)
 from transformers.utils import logging as hf_logging
 
 from rl_core.models.presets import TinySize, get_size
@@ -98,8 +105,27 @@ def save_tiny(
     return write_tiny(model, tokenizer, out, overwrite)
 
 
+def save_tiny_reward_model(
+    out: str | Path,
+    size: str | TinySize = "nano",
+    seed: int = 0,
+    overwrite: bool = False,
+    **overrides: int | None,
+) -> Path:
+    """A tiny reward model at `out` (`reward.reward_model`): the tiny decoder of `size` with a
+    one-label score head (Qwen2ForSequenceClassification), seeded as `build_tiny` is, saved with
+    the tiny tokenizer (the policy's, so it reads the policy's token ids)."""
+    config = tiny_config(size, **overrides)
+    config.num_labels = 1
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForSequenceClassification(config)
+    tokenizer = build_tiny_tokenizer(config.max_position_embeddings)
+    return write_tiny(model.eval(), tokenizer, out, overwrite)
+
+
 def write_tiny(
-    model: Qwen2ForCausalLM,
+    model: Qwen2ForCausalLM | Qwen2ForSequenceClassification,
     tokenizer: PreTrainedTokenizerFast,
     out: str | Path,
     overwrite: bool = False,

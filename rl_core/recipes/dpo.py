@@ -160,7 +160,8 @@ class DPOTrainer:
             return self.pairs.take(rows), {}
         prompts = self.prompts.take(rows)
         batch = self.ctl.generate(prompts.ids, self.sampling)
-        columns, metrics = self.ctl.run_stages(batch, prompts.truths, ["reward"], timer)
+        columns, metrics = self.ctl.run_stages(batch, prompts.truths, self.ctl.reward_stages,
+                                               timer)
         scores, more = self.ctl.scores(batch, columns, self.sampling.max_new_tokens)
         metrics.update(more)
         metrics.update(batch_metrics(batch, scores))

@@ -226,7 +226,8 @@ class RLTrainer:
             rounds += 1
             prompts = self.train.take(next(self.ctl.loader))
             batch = self.ctl.generate(prompts.ids, self.sampling)
-            columns, metrics = self.ctl.run_stages(batch, prompts.truths, ["reward"], timer)
+            columns, metrics = self.ctl.run_stages(batch, prompts.truths,
+                                                   self.ctl.reward_stages, timer)
             scores, more = self.ctl.scores(batch, columns, self.sampling.max_new_tokens)
             metrics.update(more)
             all_scores.append(scores)
@@ -254,7 +255,7 @@ class RLTrainer:
             offset += int(index.max()) + 1
         batch = Batch.concat(kept).slice(0, wanted * n)
         scores = batch["score"]
-        rest = [s for s in self._stages() if s != "reward"]
+        rest = [s for s in self._stages() if s not in self.ctl.reward_stages]
         columns, stage_metrics = self.ctl.run_stages(batch, None, rest, timer)
         metrics.update(stage_metrics)
         columns["score"] = scores
@@ -262,7 +263,7 @@ class RLTrainer:
         return batch, metrics, columns
 
     def _stages(self) -> list[str]:
-        stages = ["reward"]
+        stages = list(self.ctl.reward_stages)
         if self.roles.reference is not None:
             stages.append("ref_logprob")
         if not self._on_policy() or self._corrects_rollout():

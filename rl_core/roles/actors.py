@@ -9,8 +9,10 @@
   `reference.offload` its weights wait in host memory between uses.
 - `CriticWorker`: the value model of PPO (the policy's weights under a one-output head).
 - `RewardWorker`: rule rewards scored in the worker's process pool (CPU only).
+- `RewardModelWorker`: a learned reward model's scores (`reward.reward_model`), on the devices.
 
-Stages that work row by row (`reward`, `ref_logprob`, `old_logprob`, `values`) are pulled from
+Stages that work row by row (`reward`, `rm_score`, `ref_logprob`, `old_logprob`, `values`) are
+pulled from
 the data channel by `Worker.drain`; the update takes its shard from the controller, so
 data-parallel ranks always see the same rows for the same seed.
 """
@@ -537,6 +539,39 @@ class RewardWorker(Worker):
     def shutdown(self) -> None:
         self.composer.close()
         super().shutdown()
+
+
+class RewardModelWorker(Worker):
+    """A learned reward model (`reward.reward_model`, `rl_core.rewards.model`): frozen, whole on
+    each rank's device beside the other roles; its `rm_score` stage scores the channel's rows."""
+
+    role = "reward_model"
+
+    def __init__(self, spec: RunSpec, *, rank: int = 0, world_size: int = 1,
+                 device: str | None = None, tokenizer=None):
+        super().__init__(rank, world_size)
+        from rl_core.rewards.model import RewardModel
+
+        self.spec = spec
+        self.device = role_device(spec, device)
+        seed_everything(spec.seed, spec.trainer.deterministic)  # its own process on Ray
+        if tokenizer is None:
+            from rl_core.models.loading import load_tokenizer
+
+            tokenizer = load_tokenizer(spec.model.tokenizer_path or spec.model.path,
+                                       trust_remote_code=spec.model.trust_remote_code)
+        self.model = RewardModel.load(
+            spec.reward.reward_model, device=self.device, dtype=spec.model.dtype,
+            micro_batch_size=spec.reward.reward_model_micro_batch_size,
+            policy_tokenizer=tokenizer, trust_remote_code=spec.model.trust_remote_code)
+
+    def compute(self, stage: str, chunk: Any) -> dict[str, Any]:
+        if stage != "rm_score":
+            return super().compute(stage, chunk)
+        cols = chunk.columns
+        with self.measured("rm_score"):
+            return {"rm_score": self.model.score(cols["input_ids"], cols["attention_mask"],
+                                                 cols["position_ids"])}
 
 
 # --------------------------------------------------------------------------- critic

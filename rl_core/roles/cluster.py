@@ -9,10 +9,10 @@ Placement: one placement group with a bundle per device (`resources.devices_per_
 `resources.num_nodes`), each bundle one device of the spec's kind plus
 `resources.cpus_per_device` CPUs and, when `resources.memory_gb` is set, that node's host memory
 divided by its devices (Ray's `memory` resource, in bytes). Rank r of every device role (actor,
-reference, critic) sits on bundle r and takes an equal share of it: the roles are colocated on
-the same devices, as MindSpeed RL colocates them, and a role's ranks form its data-parallel
-group. Reward workers use no reserved resources (they score text on the CPU between the device
-stages).
+reference, critic, reward model) sits on bundle r and takes an equal share of it: the roles are
+colocated on the same devices, as MindSpeed RL colocates them, and a role's ranks form its
+data-parallel group. Rule-reward workers use no reserved resources (they score text on the CPU
+between the device stages).
 
 Before any role starts, the Ray cluster's resources are compared with what the spec asks for;
 too few devices, CPUs or memory is an `InputError` listing both.
@@ -32,6 +32,7 @@ from rl_core.roles.actors import (
     ActorWorker,
     CriticWorker,
     ReferenceWorker,
+    RewardModelWorker,
     RewardWorker,
 )
 from rl_core.roles.group import LocalGroup, RayGroup
@@ -50,15 +51,17 @@ class Roles:
     """The groups of one run and the data channel between their stages."""
 
     actor: Any
-    reward: Any
+    reward: Any  # None without reward.functions (a reward model alone)
     channel: Any
     reference: Any = None
+    reward_model: Any = None
     critic: Any = None
     on_shutdown: list[Any] = field(default_factory=list)
 
     @property
     def groups(self) -> list[Any]:
-        return [g for g in (self.actor, self.reference, self.critic, self.reward) if g is not None]
+        return [g for g in (self.actor, self.reference, self.critic, self.reward_model,
+                            self.reward) if g is not None]
 
     @property
     def local(self) -> bool:
@@ -93,9 +96,15 @@ def local_roles(spec: RunSpec, *, model_path: str, total_steps: int, reference: 
     if spec.critic.enable:
         critic = LocalGroup("critic", [CriticWorker(spec, total_steps=total_steps,
                                                     model_path=critic_path, device=device)])
-    reward = LocalGroup("reward", [RewardWorker(spec, tokenizer=actor.tokenizer)])
+    reward_model = None
+    if spec.reward.reward_model is not None:
+        reward_model = LocalGroup("reward_model", [RewardModelWorker(
+            spec, tokenizer=actor.tokenizer, device=device)])
+    reward = LocalGroup("reward", [RewardWorker(spec, tokenizer=actor.tokenizer)]) \
+        if spec.reward.functions else None
     return Roles(actor=LocalGroup("actor", [actor]), reward=reward,
-                 channel=DataChannel(ordered=True), reference=ref, critic=critic)
+                 channel=DataChannel(ordered=True), reference=ref, critic=critic,
+                 reward_model=reward_model)
 
 
 # --------------------------------------------------------------------------- Ray
@@ -200,7 +209,8 @@ def ray_roles(spec: RunSpec, *, model_path: str, total_steps: int, reference: bo
                 f"resources: {spec.world_size} bundles of {bundle} ({strategy}) could not be "
                 f"placed within {PLACEMENT_TIMEOUT_S:.0f} s; free: {ray.available_resources()}"
                 f"{hint}")
-        colocated = 1 + int(reference) + int(spec.critic.enable)
+        scored = spec.reward.reward_model is not None
+        colocated = 1 + int(reference) + int(spec.critic.enable) + int(scored)
         threads = max(1, res.cpus_per_device // colocated)
 
         share = role_share(bundle, colocated)
@@ -227,20 +237,29 @@ def ray_roles(spec: RunSpec, *, model_path: str, total_steps: int, reference: bo
             critic = RayGroup.start("critic", CriticWorker, spec, total_steps=total_steps,
                                     model_path=critic_path, options=options(), **common)
             cleanup.insert(0, critic.shutdown)
-        reward_ranks = spec.data_parallel_size
-        pool = max(1, (os.cpu_count() or 1) // reward_ranks)
-        reward = RayGroup.start(
-            "reward", RewardWorker, spec, num_workers=pool, size=reward_ranks, backend=backend,
-            options=[{"num_cpus": 0, "runtime_env": {"env_vars": _rank_env(1, spec)}}] * reward_ranks,
-            timeout_s=ROLE_START_TIMEOUT_S)
-        cleanup.insert(0, reward.shutdown)
+        reward_model = None
+        if scored:
+            reward_model = RayGroup.start("reward_model", RewardModelWorker, spec,
+                                          options=options(), **common)
+            cleanup.insert(0, reward_model.shutdown)
+        reward = None
+        if spec.reward.functions:
+            reward_ranks = spec.data_parallel_size
+            pool = max(1, (os.cpu_count() or 1) // reward_ranks)
+            env = {"env_vars": _rank_env(1, spec)}
+            reward = RayGroup.start(
+                "reward", RewardWorker, spec, num_workers=pool, size=reward_ranks,
+                backend=backend, options=[{"num_cpus": 0, "runtime_env": env}] * reward_ranks,
+                timeout_s=ROLE_START_TIMEOUT_S)
+            cleanup.insert(0, reward.shutdown)
         channel = remote_channel(ordered=True)
         cleanup.insert(0, lambda: ray.kill(channel))
     except BaseException:
         for action in cleanup:
             _quietly(action)
         raise
-    roles = Roles(actor=actor, reward=reward, channel=channel, reference=ref, critic=critic)
+    roles = Roles(actor=actor, reward=reward, channel=channel, reference=ref, critic=critic,
+                  reward_model=reward_model)
     # the groups are shut down by Roles.shutdown; then the channel, placement group and Ray
     roles.on_shutdown = [lambda: _quietly(lambda: ray.kill(channel)),
                          lambda: _quietly(lambda: remove_placement_group(group))]

@@ -14,7 +14,7 @@ from pydantic import BaseModel
 from pydantic_core import to_jsonable_python
 
 from rl_core.spec.limits import GROUP_ESTIMATORS, Violation
-from rl_core.spec.sections import ActorConfig, RolloutConfig
+from rl_core.spec.sections import ActorConfig, RewardConfig, RolloutConfig
 
 if TYPE_CHECKING:  # RunSpec checks itself with these rules
     from rl_core.spec.model import RunSpec
@@ -25,7 +25,6 @@ if TYPE_CHECKING:  # RunSpec checks itself with these rules
 # the cross-field rules run; the reference and the JSON Schema mark each of these fields. An
 # entry goes when its feature lands.
 NOT_IMPLEMENTED: dict[str, tuple[Any, ...]] = {
-    "reward.reward_model": (None,),
     "parallel.pipeline_parallel_size": (1,),
     "parallel.colocate_actor_rollout": (True,),  # rollout generates in the training process
 }
@@ -320,9 +319,31 @@ def _rule_partial_rollout(s: RunSpec) -> Iterator[Violation]:
 
 
 def _rule_reward(s: RunSpec) -> Iterator[Violation]:
-    """GRPO, DAPO and PPO need `reward.functions`."""
-    if s.algorithm != "dpo" and not s.reward.functions and s.reward.reward_model is None:
-        yield "reward.functions", f"{s.algorithm} needs a reward: add reward.functions"
+    """GRPO, DAPO and PPO need a reward: `reward.functions` or `reward.reward_model`. A reward
+    model is a folder (a tiny preset is a causal LM), and its settings go with it; alone, it
+    leaves validation (which scores with the functions) nothing to score; DPO from preference
+    files scores nothing, so it takes none."""
+    r, defaults = s.reward, RewardConfig()
+    if s.algorithm != "dpo" and not r.functions and r.reward_model is None:
+        yield ("reward.functions", f"{s.algorithm} needs a reward: add reward.functions or "
+               "reward.reward_model")
+    if r.reward_model is not None and r.reward_model.startswith("tiny:"):
+        yield ("reward.reward_model", f"{r.reward_model} is a tiny causal LM, not a reward model: "
+               "give a sequence-classification folder (a tiny one: "
+               "rl_core.models.tiny.save_tiny_reward_model)")
+    if r.reward_model is None:
+        for name in ("reward_model_weight", "reward_model_micro_batch_size"):
+            if getattr(r, name) != getattr(defaults, name):
+                yield (f"reward.{name}",
+                       "is a reward-model setting: set reward.reward_model or remove it")
+    elif not r.functions and s.trainer.eval_every:
+        yield ("trainer.eval_every", "validation scores greedy answers with reward.functions, "
+               "and the reward model is the only reward: add a function (exact_match, "
+               "math_accuracy) or set trainer.eval_every: 0")
+    elif s.algorithm == "dpo" and s.data.chosen_key and s.data.rejected_key:
+        yield ("reward.reward_model", "DPO from preference pairs (data.chosen_key, "
+               "data.rejected_key) scores nothing: remove it, or drop the keys to make pairs "
+               "from the policy's scored responses")
 
 
 def _rule_trainer(s: RunSpec) -> Iterator[Violation]:

@@ -458,7 +458,20 @@ class RewardConfig(Strict):
         10.0, gt=0, le=3_600, description="Time limit per response for each function."
     )
     reward_model: ModelLocation | None = Field(
-        None, description="Optional reward-model folder scored in addition."
+        None,
+        description="A learned reward model scored in addition to the functions: a Hugging "
+        "Face sequence-classification folder with one label (num_labels: 1) and the policy's "
+        "tokenizer, which scores each prompt and response at the response's last token. It "
+        "runs as a role of its own on every device, beside the actor (frozen, whole, in "
+        "model.dtype); with no functions it is the whole reward.",
+    )
+    reward_model_weight: float = Field(
+        1.0, ge=-1_000, le=1_000,
+        description="Weight of the reward model's score in the summed reward.",
+    )
+    reward_model_micro_batch_size: int = Field(
+        4, gt=0, le=MAX_MICRO_BATCH,
+        description="Responses per device per reward-model forward.",
     )
 
 
