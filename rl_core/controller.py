@@ -189,9 +189,33 @@ class Controller:
                    "reference": reference, "sampling": self.sampling,
                    "critic_path": str(critic) if critic and critic.is_dir() else None}
         if self.backend == "ray":
-            return cluster.ray_roles(self.spec, **options)
+            roles = cluster.ray_roles(self.spec, **options)
+            if roles.rollout is not None:
+                try:
+                    self._link_pool(roles)
+                except BaseException:
+                    roles.shutdown()
+                    raise
+            return roles
         return cluster.local_roles(self.spec, **options, device=self.device,
                                    reference_from_policy=self.resume_from is None)
+
+    @staticmethod
+    def _link_pool(roles: Any) -> None:
+        """Join the actor's rank 0 and a rollout pool of its own by a link (a process group of
+        their own) and give the pool the actor's weights (version 0: the engines start from
+        the same policy, and vLLM from no weights at all)."""
+        size = 1 + roles.rollout.size
+        host, port = roles.actor.call("link_address")[0]
+        collect(roles.actor.submit_map("join_link", [(host, port, size)] * roles.actor.size),
+                roles.rollout.submit("join_link", host, port, size))
+        collect(roles.actor.submit("sync_rollout"), roles.rollout.submit("receive_weights"))
+
+    def pool_receives(self) -> Any:
+        """The rollout pool's receive of the weights the actor's next call sends (submit it
+        beside that call, collect both); None without a pool."""
+        pool = self.roles.rollout
+        return None if pool is None else pool.submit("receive_weights")
 
     @property
     def model(self):
@@ -225,8 +249,11 @@ class Controller:
         return latest_checkpoint(self.output_dir)
 
     def _restore(self, checkpoint: Path, state: dict[str, Any]) -> dict[str, Any]:
+        receiving = self.pool_receives()  # the restored weights go to the pool too
         self.roles.actor.call("load_state", {"engine": state["engine"], "rng": state["rng"],
                                              "checkpoint": str(checkpoint)})
+        if receiving is not None:
+            collect(receiving)
         if self.roles.critic is not None and "critic" in state:
             self.roles.critic.call("load_state", {**state["critic"],
                                                   "checkpoint": str(checkpoint)})
@@ -378,9 +405,10 @@ class Controller:
             seed = self.draw_seed() if params.do_sample else 0
         total = len(prompt_ids) * params.n
         size = self.spec.rollout.tensor_parallel_size
-        shards = Batch({"prompt_ids": list(prompt_ids)}).split(self.roles.actor.size // size)
+        generating = self.roles.rollout or self.roles.actor  # a pool of its own, or the actor
+        shards = Batch({"prompt_ids": list(prompt_ids)}).split(generating.size // size)
         firsts = [sum(len(s) for s in shards[:rank]) for rank in range(len(shards))]
-        parts = self.roles.actor.map("generate", [
+        parts = generating.map("generate", [
             (shard.prompt_ids, params, seed, (first * params.n, (first + len(shard)) * params.n),
              total) for shard, first in zip(shards, firsts) for _ in range(size)])[::size]
         made = [(part, first) for part, first in zip(parts, firsts) if part is not None]

@@ -467,7 +467,9 @@ def setup_of(spec: RunSpec) -> Setup:
     dp, n = spec.data_parallel_size, spec.rollout.n_samples_per_prompt
     cp, tp = spec.parallel.context_parallel_size, spec.parallel.tensor_parallel_size
     rp = spec.rollout.tensor_parallel_size
-    groups = max(1, dp * cp * tp // rp)  # every device rolls out, a rollout group together
+    # every device rolls out, a rollout group together; or only a pool's devices
+    pool = spec.parallel.rollout_devices
+    groups = max(1, (pool or dp * cp * tp) // rp)
     prompts = math.ceil(spec.data.train_batch_size / groups)
     # greedy validation, one response per prompt, when the run evaluates (the spec then has
     # validation prompts)

@@ -344,9 +344,14 @@ class RLTrainer:
         if self.roles.critic is not None:
             calls.append(self.roles.critic.submit_map("update", self.ctl.per_rank([
                 ([m.select(CRITIC_KEYS).to_dict() for m in minis], step) for minis in per_rank])))
+        receiving = self.ctl.pool_receives()  # the update ends by sending the weights there
+        results = collect(*calls, *([receiving] if receiving is not None else []))
         sums: dict[str, float] = defaultdict(float)
         counts: dict[str, int] = defaultdict(int)
-        for per_group in collect(*calls):
+        if receiving is not None:
+            sums["timing/weight_receive"] = max(r["timing/weight_receive"] for r in results[-1])
+            counts["timing/weight_receive"] = 1
+        for per_group in results[:len(calls)]:
             for step_metrics in per_group[0]:  # every rank reports the same (all-reduced) values
                 for key, value in step_metrics.items():
                     sums[key] += value

@@ -5,6 +5,8 @@
   weights, or vLLM over a copy synced after every update (and checked by version before every
   rollout); the rollout sleeps (frees its cache) before every update. Ranks > 1 train
   data-parallel.
+- `RolloutWorker`: a rank of a rollout pool of its own (`parallel.colocate_actor_rollout:
+  false`): a policy copy and its engine, synced over a link from the actor's rank 0.
 - `ReferenceWorker`: the frozen initial policy; log-probs of the responses. With
   `reference.offload` its weights wait in host memory between uses.
 - `CriticWorker`: the value model of PPO (the policy's weights under a one-output head).
@@ -181,12 +183,16 @@ class ActorWorker(TrainedRole):
         # layers: the native engine's split here (`rl_core.rollout.parts`), vLLM's its own copy
         self.rollout_parallel = size = spec.rollout.tensor_parallel_size
         self.rollout_split = size > 1 and spec.rollout.engine == "native"
+        # a rollout pool of its own generates; rank 0 sends it the weights over `self.link`
+        self.pooled = not spec.parallel.colocate_actor_rollout
+        self.link = None
         if model is None:
             # sharded with an inference engine, the full model is only the template of the
             # shards and of the saved folder: it waits in host memory (split for a rollout
             # group, it reaches the device as this rank's part only)
             home = self.device
-            if spec.actor.strategy == "fsdp2" and (spec.rollout.engine != "native" or size > 1):
+            if spec.actor.strategy == "fsdp2" and (spec.rollout.engine != "native" or size > 1
+                                                   or not spec.parallel.colocate_actor_rollout):
                 home = torch.device("cpu")
             model, tokenizer = load_policy(spec, model_path, home)
         if self.rollout_split:
@@ -199,18 +205,19 @@ class ActorWorker(TrainedRole):
         self.rollout = None
         # the native engine over the training model itself, or (fsdp2) over its own copy,
         # parked in host memory while the training engine computes
-        if spec.rollout.engine == "native" and size == 1:
+        if spec.rollout.engine == "native" and size == 1 and not self.pooled:
             self.rollout = rollout_engine("native").from_spec(
                 self.model, tokenizer, spec, self.device, park=spec.actor.strategy == "fsdp2")
         self.loss_fn = policy_loss_fn(spec, self.sampling)
         self.start_engine(spec)
-        if self.rollout is None and self.world_size == 1 and self.engine is not None:
+        if self.rollout is None and self.world_size == 1 and self.engine is not None \
+                and not self.pooled:
             self.start_rollout()
 
     def on_distributed(self) -> None:
         super().on_distributed()
-        if self.rollout is None:  # an inference engine joins the process group once it exists
-            self.start_rollout()
+        if self.rollout is None and not self.pooled:  # an inference engine joins the group
+            self.start_rollout()                        # once it exists
 
     def start_rollout(self) -> None:
         """An inference engine of its own (`rollout.engine: vllm`), or the native engine of a
@@ -243,27 +250,38 @@ class ActorWorker(TrainedRole):
                  ) -> Batch | None:
         """Sample the prompts; the draws are rows `row_range` of the whole batch's table
         (`total_rows` rows, seeded by `seed`), so the shards of a batch equal the batch."""
-        if not prompt_ids:  # a rank left without prompts (a batch smaller than the ranks)
-            return None
-        if not self.rollout.shares_weights:
-            self.rollout.check_version(self.policy_version)
-            first = row_range[0] // params.n if row_range else 0
-            seeds = [prompt_seed(seed, first + i) for i in range(len(prompt_ids))]
-            with self.measured("rollout"):
-                batch = self.rollout.generate(prompt_ids, params, seeds=seeds).to("cpu")
-            batch["weight_version"] = torch.full((len(batch),), self.policy_version)
-            return batch
-        uniforms = None
-        if params.do_sample:
-            rows = total_rows if total_rows is not None else len(prompt_ids) * params.n
-            generator = torch.Generator().manual_seed(seed)
-            uniforms = draw_uniforms(rows, params.max_new_tokens, generator, row_range=row_range,
-                                     device=self.device)
-        with self.measured("rollout"):
-            return self.rollout.generate(prompt_ids, params, uniforms=uniforms).to("cpu")
+        return generate_rows(self, prompt_ids, params, seed, row_range, total_rows)
 
     def free_cache(self) -> None:
-        self.rollout.free_cache()
+        if self.rollout is not None:
+            self.rollout.free_cache()
+
+    # ----------------------------------------------------------------------- a rollout pool
+
+    def link_address(self) -> tuple[str, int]:
+        """Rank 0: where the link to a rollout pool of its own is served (this host, a free
+        port)."""
+        return self.rendezvous()
+
+    def join_link(self, host: str, port: int, size: int) -> None:
+        """Rank 0: join the link to the rollout pool as its rank 0 (the sender)."""
+        from rl_core.collectives import Link
+        from rl_core.device import get_kind
+
+        self.link = Link(host, port, 0, size, get_kind(self.spec.resources.device_type).backend)
+
+    def send_weights(self) -> dict[str, float]:
+        """The policy's weights to the rollout pool, bucket by bucket (every rank iterates the
+        buckets, which it gathers with its peers; rank 0 sends them), as the current version."""
+        import time
+
+        from rl_core.rollout.transfer import send_weights
+
+        started = time.perf_counter()
+        with self.measured("weight_sync"):
+            sent = send_weights(self.link, self.engine.weight_buckets(), self.policy_version)
+        return {"timing/weight_sync": time.perf_counter() - started,
+                "rollout/weight_sync_bytes": float(sent)} if self.rank == 0 else {}
 
     # ----------------------------------------------------------------------- log-probs, update
 
@@ -275,7 +293,7 @@ class ActorWorker(TrainedRole):
     def old_logprobs(self, cols: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """Log-probs of the responses under the current policy. A sharded actor is called on
         every rank's share at once (its forward is a collective: it cannot pull channel chunks)."""
-        self.rollout.sleep()
+        self.rest_rollout()
         with self.measured("old_logprob"):
             logprobs, _ = self.engine.forward_logprobs(
                 cols["input_ids"], cols["attention_mask"], cols["position_ids"],
@@ -286,7 +304,7 @@ class ActorWorker(TrainedRole):
     def update(self, minis: list[dict[str, torch.Tensor]], step: int) -> list[dict[str, float]]:
         """One optimizer step per mini-batch shard (this rank's rows of each mini-batch), then
         the new policy's weights into the rollout."""
-        self.rollout.sleep()
+        self.rest_rollout()
         out = []
         with self.measured("update"):
             for mini in minis:
@@ -304,7 +322,7 @@ class ActorWorker(TrainedRole):
     def train_step(self, batch: dict[str, Any], loss_fn: Callable,
                    options: Mapping[str, Any] | None = None, step: int = 0) -> dict[str, float]:
         """A step with another loss (DPO): the engine's `train_step` on this rank's rows."""
-        self.rollout.sleep()
+        self.rest_rollout()
         try:
             with self.measured("update"):
                 metrics = self.engine.train_step(batch, loss_fn, **dict(options or {}))
@@ -313,11 +331,19 @@ class ActorWorker(TrainedRole):
         self.policy_version += 1
         return {**metrics, **self.sync_rollout()}
 
+    def rest_rollout(self) -> None:
+        """Before the training engine computes: the rollout's memory back (none in a pool)."""
+        if self.rollout is not None:
+            self.rollout.sleep()
+
     def sync_rollout(self) -> dict[str, float]:
         """The training engine's weights into the rollout, bucket by bucket, as the current
         policy version (`timing/weight_sync`): a sharded engine's into the native rollout's full
-        model, any engine's into an inference engine; nothing to do when the rollout reads the
+        model, any engine's into an inference engine, over the link to a rollout pool of its own
+        (whose ranks the controller has receiving); nothing to do when the rollout reads the
         training model itself."""
+        if self.pooled:
+            return self.send_weights()
         if self.rollout.shares_weights and not self.sharded:
             return {}
         import time
@@ -346,7 +372,8 @@ class ActorWorker(TrainedRole):
             self.engine.save_sharded(Path(path) / SHARDED_DIRS["actor"])
         # the full model holds the trained weights only where the native rollout is synced
         full = None
-        if self.sharded and (not self.rollout.shares_weights or self.rollout_split):
+        if self.sharded and (self.pooled or not self.rollout.shares_weights
+                             or self.rollout_split):
             dtype = next(self.model.parameters()).dtype
             full = {name: tensor.to(dtype)  # a collective: every rank gathers
                     for name, tensor in self.engine.full_state_dict().items()}
@@ -367,6 +394,34 @@ class ActorWorker(TrainedRole):
             self.engine.load_sharded(Path(state["checkpoint"]) / SHARDED_DIRS["actor"])
         self.sync_rollout()
         set_rng_state(state["rng"])
+
+
+def generate_rows(owner: Any, prompt_ids: list[list[int]], params: SamplingParams, seed: int,
+                  row_range: tuple[int, int] | None, total_rows: int | None) -> Batch | None:
+    """Sample the prompts with `owner`'s rollout engine (an actor rank's, or a rollout pool
+    rank's): an engine of its own from per-prompt seeds (checked to hold `owner`'s policy
+    version, which each row records), the native engine over the training weights from rows
+    `row_range` of the whole batch's draw table (`total_rows` rows, seeded by `seed`), so the
+    shards of a batch equal the batch. None for a rank left without prompts."""
+    if not prompt_ids:  # a batch smaller than the ranks
+        return None
+    rollout = owner.rollout
+    if not rollout.shares_weights:
+        rollout.check_version(owner.policy_version)
+        first = row_range[0] // params.n if row_range else 0
+        seeds = [prompt_seed(seed, first + i) for i in range(len(prompt_ids))]
+        with owner.measured("rollout"):
+            batch = rollout.generate(prompt_ids, params, seeds=seeds).to("cpu")
+        batch["weight_version"] = torch.full((len(batch),), owner.policy_version)
+        return batch
+    uniforms = None
+    if params.do_sample:
+        rows = total_rows if total_rows is not None else len(prompt_ids) * params.n
+        generator = torch.Generator().manual_seed(seed)
+        uniforms = draw_uniforms(rows, params.max_new_tokens, generator, row_range=row_range,
+                                 device=owner.device)
+    with owner.measured("rollout"):
+        return rollout.generate(prompt_ids, params, uniforms=uniforms).to("cpu")
 
 
 def prompt_seed(step_seed: int, prompt: int) -> int:
@@ -414,6 +469,79 @@ def policy_loss_fn(spec: RunSpec, sampling: SamplingParams) -> Callable:
 
 
 # --------------------------------------------------------------------------- reference
+
+
+class RolloutWorker(Worker):
+    """A rank of a rollout pool of its own (`parallel.colocate_actor_rollout: false`): a copy of
+    the policy and its rollout engine on a device that only generates. The weights arrive from
+    the actor's rank 0 over a link of their own after every update (`rl_core.rollout.transfer`),
+    as the version the actor sends."""
+
+    role = "rollout"
+
+    def __init__(self, spec: RunSpec, *, model_path: str, rank: int = 0, world_size: int = 1,
+                 device: str | None = None):
+        super().__init__(rank, world_size)
+        self.spec = spec = with_resolved_engine(spec)
+        self.device = role_device(spec, device)
+        seed_everything(spec.seed, spec.trainer.deterministic)  # its own process on Ray
+        # the native engine generates from this copy; vLLM takes its own from it
+        home = self.device if spec.rollout.engine == "native" else torch.device("cpu")
+        self.model, self.tokenizer = load_policy(spec, model_path, home)
+        self.model_path = model_path
+        self.policy_version = 0  # the initial policy until the first weights arrive
+        self.rollout = None
+        self.link = None
+        if world_size == 1:
+            self.start_rollout()
+
+    def on_distributed(self) -> None:
+        super().on_distributed()
+        if self.rollout is None:  # vLLM joins the pool's process group once it exists
+            self.start_rollout()
+
+    def start_rollout(self) -> None:
+        self.rollout = rollout_engine(self.spec.rollout.engine).from_spec(
+            self.model, self.tokenizer, self.spec, self.device, model_path=self.model_path)
+
+    def join_link(self, host: str, port: int, size: int) -> None:
+        """Join the link to the actor's rank 0 as link rank 1 + this rank."""
+        from rl_core.collectives import Link
+        from rl_core.device import get_kind
+
+        backend = get_kind(self.spec.resources.device_type).backend
+        self.link = Link(host, port, 1 + self.rank, size, backend)
+
+    def receive_weights(self) -> dict[str, float]:
+        """The policy's weights from the actor's rank 0, bucket by bucket, into the engine; then
+        this rank generates as the version they carry."""
+        import time
+
+        from rl_core.rollout.transfer import receive_weights
+
+        incoming = receive_weights(self.link, device=self.device)
+        with self.measured("weight_sync"):
+            self.rollout.load_weights(incoming, version=None)
+        self.policy_version = int(incoming.version)
+        if not self.rollout.shares_weights:
+            self.rollout.weight_version = self.policy_version
+        # from the first bucket's manifest: the wait for the update before it is not counted
+        return {"timing/weight_receive": time.perf_counter() - incoming.arrived}
+
+    def generate(self, prompt_ids: list[list[int]], params: SamplingParams, seed: int = 0,
+                 row_range: tuple[int, int] | None = None, total_rows: int | None = None
+                 ) -> Batch | None:
+        """As `ActorWorker.generate`, from the weights last received."""
+        return generate_rows(self, prompt_ids, params, seed, row_range, total_rows)
+
+    def free_cache(self) -> None:
+        """Nothing to free: this device only generates."""
+
+    def shutdown(self) -> None:
+        close = getattr(self.rollout, "close", None)
+        if close is not None:
+            close()
+        super().shutdown()
 
 
 class ReferenceWorker(Worker):

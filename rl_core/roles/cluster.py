@@ -34,6 +34,7 @@ from rl_core.roles.actors import (
     ReferenceWorker,
     RewardModelWorker,
     RewardWorker,
+    RolloutWorker,
 )
 from rl_core.roles.group import LocalGroup, RayGroup
 from rl_core.rollout.sampling import SamplingParams
@@ -56,12 +57,13 @@ class Roles:
     reference: Any = None
     reward_model: Any = None
     critic: Any = None
+    rollout: Any = None  # a rollout pool of its own (parallel.colocate_actor_rollout: false)
     on_shutdown: list[Any] = field(default_factory=list)
 
     @property
     def groups(self) -> list[Any]:
-        return [g for g in (self.actor, self.reference, self.critic, self.reward_model,
-                            self.reward) if g is not None]
+        return [g for g in (self.actor, self.rollout, self.reference, self.critic,
+                            self.reward_model, self.reward) if g is not None]
 
     @property
     def local(self) -> bool:
@@ -214,15 +216,17 @@ def ray_roles(spec: RunSpec, *, model_path: str, total_steps: int, reference: bo
         threads = max(1, res.cpus_per_device // colocated)
 
         share = role_share(bundle, colocated)
+        trains = spec.training_devices  # bundles 0..trains-1; a rollout pool has the rest
 
-        def options() -> list[dict[str, Any]]:
-            return [{**share, "scheduling_strategy": PlacementGroupSchedulingStrategy(
-                        placement_group=group, placement_group_bundle_index=rank),
-                     "runtime_env": {"env_vars": _rank_env(threads, spec)}, "name": None}
-                    for rank in range(spec.world_size)]
+        def options(first: int = 0, count: int = trains, on: dict[str, Any] = share,
+                    cpus: int = threads) -> list[dict[str, Any]]:
+            return [{**on, "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                        placement_group=group, placement_group_bundle_index=first + rank),
+                     "runtime_env": {"env_vars": _rank_env(cpus, spec)}, "name": None}
+                    for rank in range(count)]
 
         backend = kind.backend
-        common = {"size": spec.world_size, "backend": backend, "timeout_s": ROLE_START_TIMEOUT_S}
+        common = {"size": trains, "backend": backend, "timeout_s": ROLE_START_TIMEOUT_S}
         actor = RayGroup.start("actor", ActorWorker, spec, model_path=model_path,
                                total_steps=total_steps, sampling=sampling, options=options(),
                                **common)
@@ -242,6 +246,14 @@ def ray_roles(spec: RunSpec, *, model_path: str, total_steps: int, reference: bo
             reward_model = RayGroup.start("reward_model", RewardModelWorker, spec,
                                           options=options(), **common)
             cleanup.insert(0, reward_model.shutdown)
+        rollout = None
+        if not spec.parallel.colocate_actor_rollout:  # the pool: a whole bundle each
+            pool_size = spec.parallel.rollout_devices
+            rollout = RayGroup.start(
+                "rollout", RolloutWorker, spec, model_path=model_path, size=pool_size,
+                backend=backend, timeout_s=ROLE_START_TIMEOUT_S,
+                options=options(trains, pool_size, role_share(bundle, 1), res.cpus_per_device))
+            cleanup.insert(0, rollout.shutdown)
         reward = None
         if spec.reward.functions:
             reward_ranks = spec.data_parallel_size
@@ -259,7 +271,7 @@ def ray_roles(spec: RunSpec, *, model_path: str, total_steps: int, reference: bo
             _quietly(action)
         raise
     roles = Roles(actor=actor, reward=reward, channel=channel, reference=ref, critic=critic,
-                  reward_model=reward_model)
+                  reward_model=reward_model, rollout=rollout)
     # the groups are shut down by Roles.shutdown; then the channel, placement group and Ray
     roles.on_shutdown = [lambda: _quietly(lambda: ray.kill(channel)),
                          lambda: _quietly(lambda: remove_placement_group(group))]

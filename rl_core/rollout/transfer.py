@@ -5,7 +5,8 @@ false`) is synced by after every update.
     # the trainer's ranks (all iterate the buckets: gathering a sharded tensor is collective)
     sent = send_weights(link, engine.weight_buckets(), version)   # rank 0 of the link sends
     # each rollout rank
-    rollout.load_weights(receive_weights(link, version, device), version)  # the same, in order
+    incoming = receive_weights(link, version, device)   # the same buckets, in order
+    rollout.load_weights(incoming, version)
 
 A bucket travels as one broadcast of its tensors' bytes after a small manifest (names, shapes,
 dtypes, the policy version): one collective a bucket, whatever its tensor count, and no rank
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import math
 import pickle
+import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -48,27 +50,47 @@ def send_weights(link: Link | None, buckets: Iterable[WeightBucket], version: in
     return sent
 
 
-def receive_weights(link: Link, version: int, device: torch.device | str = "cpu"
-                    ) -> Iterator[WeightBucket]:
-    """The buckets the link's rank 0 sends, as they arrive, their tensors on `device`; a
-    StaleWeightsError when they carry another policy version than `version`."""
-    while True:
-        manifest = _receive_object(link)
-        if manifest["version"] != version:
-            raise StaleWeightsError(f"the trainer sent weights of policy version "
-                                    f"{manifest['version']}, the rollout expected {version}")
-        if manifest["tensors"] is None:
-            return
-        dtypes = [getattr(torch, dtype) for _, _, dtype in manifest["tensors"]]
-        sizes = [math.prod(shape) * dtype.itemsize
-                 for (_, shape, _), dtype in zip(manifest["tensors"], dtypes)]
-        flat = link.broadcast(torch.empty(sum(sizes), dtype=torch.uint8, device=device),
-                              src=SENDER)
+class Incoming:
+    """The buckets the link's rank 0 sends, as they arrive (iterate once), their tensors on
+    `device`; `version` is the policy version they carry: `version` when given (another is a
+    StaleWeightsError), else the sender's, known once the first manifest is in."""
+
+    def __init__(self, link: Link, version: int | None = None,
+                 device: torch.device | str = "cpu") -> None:
+        self.link, self.version, self.device = link, version, device
+        self.arrived: float | None = None  # time.perf_counter() when the first manifest came
+
+    def __iter__(self) -> Iterator[WeightBucket]:
+        while True:
+            manifest = _receive_object(self.link)
+            if self.arrived is None:
+                self.arrived = time.perf_counter()
+            if self.version is None:
+                self.version = manifest["version"]
+            elif manifest["version"] != self.version:
+                raise StaleWeightsError(f"the trainer sent weights of policy version "
+                                        f"{manifest['version']}, the rollout expected "
+                                        f"{self.version}")
+            if manifest["tensors"] is None:
+                return
+            yield self._bucket(manifest["tensors"])
+
+    def _bucket(self, tensors: list[tuple[str, tuple[int, ...], str]]) -> WeightBucket:
+        dtypes = [getattr(torch, dtype) for _, _, dtype in tensors]
+        sizes = [math.prod(shape) * dtype.itemsize for (_, shape, _), dtype in zip(tensors, dtypes)]
+        flat = self.link.broadcast(torch.empty(sum(sizes), dtype=torch.uint8, device=self.device),
+                                   src=SENDER)
         bucket, start = [], 0
-        for (name, shape, _), dtype, size in zip(manifest["tensors"], dtypes, sizes):
+        for (name, shape, _), dtype, size in zip(tensors, dtypes, sizes):
             bucket.append((name, flat[start:start + size].view(dtype).view(shape)))
             start += size
-        yield bucket
+        return bucket
+
+
+def receive_weights(link: Link, version: int | None = None,
+                    device: torch.device | str = "cpu") -> Incoming:
+    """The weights the link's rank 0 sends next (`Incoming`: iterate it for the buckets)."""
+    return Incoming(link, version, device)
 
 
 def _send_object(link: Link, value: Any) -> None:
@@ -86,4 +108,4 @@ def _receive_object(link: Link) -> Any:
     return pickle.loads(data.cpu().numpy().tobytes())
 
 
-__all__ = ["SENDER", "receive_weights", "send_weights"]
+__all__ = ["SENDER", "Incoming", "receive_weights", "send_weights"]

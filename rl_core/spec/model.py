@@ -92,6 +92,11 @@ class RunSpec(Strict):
         return self.resources.num_nodes * self.resources.devices_per_node
 
     @property
+    def training_devices(self) -> int:
+        """Devices that train (every device, unless a rollout pool has its own)."""
+        return self.world_size - self.parallel.rollout_devices
+
+    @property
     def model_parallel_size(self) -> int:
         """Devices holding one copy of the model: tensor × pipeline × context parallel."""
         p = self.parallel
@@ -100,7 +105,8 @@ class RunSpec(Strict):
     @property
     def data_parallel_size(self) -> int:
         """Model replicas: `parallel.data_parallel_size`, or derived from the device count."""
-        return self.parallel.data_parallel_size or self.world_size // self.model_parallel_size
+        return (self.parallel.data_parallel_size
+                or self.training_devices // self.model_parallel_size)
 
     def device_request(self) -> dict[str, Any]:
         """What the scheduler must find for this run."""

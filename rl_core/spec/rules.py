@@ -26,7 +26,6 @@ if TYPE_CHECKING:  # RunSpec checks itself with these rules
 # entry goes when its feature lands.
 NOT_IMPLEMENTED: dict[str, tuple[Any, ...]] = {
     "parallel.pipeline_parallel_size": (1,),
-    "parallel.colocate_actor_rollout": (True,),  # rollout generates in the training process
 }
 
 
@@ -198,13 +197,16 @@ def _rule_batch_sizes(s: RunSpec) -> Iterator[Violation]:
     `rollout.tensor_parallel_size`; `data.train_batch_size` divides by the data-parallel size and
     by `actor.ppo_mini_batch_size`; a rank's share of a mini-batch divides by the micro-batch
     sizes."""
-    world, mp = s.world_size, s.model_parallel_size
+    world, mp = s.training_devices, s.model_parallel_size
+    if world < 1:
+        return  # _rule_rollout_pool names it
     if world % mp:
+        pool = " less parallel.rollout_devices" if s.parallel.rollout_devices else ""
         yield (
             "parallel",
-            f"{world} devices (resources.num_nodes × resources.devices_per_node) do not split into "
-            f"groups of tensor × pipeline × context parallel = {mp}: change the parallel sizes or "
-            "the device count",
+            f"{world} devices (resources.num_nodes × resources.devices_per_node{pool}) do not "
+            f"split into groups of tensor × pipeline × context parallel = {mp}: change the "
+            "parallel sizes or the device count",
         )
         return
     dp = world // mp
@@ -214,11 +216,12 @@ def _rule_batch_sizes(s: RunSpec) -> Iterator[Violation]:
             f"data_parallel_size ({s.parallel.data_parallel_size}) must equal devices / "
             f"(tensor × pipeline × context parallel) = {dp}: set it to {dp} or null",
         )
-    if world % s.rollout.tensor_parallel_size:
+    rollout = s.parallel.rollout_devices or world
+    if rollout % s.rollout.tensor_parallel_size:
         yield (
             "rollout.tensor_parallel_size",
-            f"{world} devices do not split into inference groups of "
-            f"{s.rollout.tensor_parallel_size}: use a divisor of {world}",
+            f"{rollout} devices do not split into inference groups of "
+            f"{s.rollout.tensor_parallel_size}: use a divisor of {rollout}",
         )
     batch, mini, n = (
         s.data.train_batch_size,
@@ -255,6 +258,29 @@ def _rule_batch_sizes(s: RunSpec) -> Iterator[Violation]:
                     f"each data-parallel rank updates on {per_rank} responses per mini-batch, "
                     f"which {path} ({size}) must divide: pick a divisor of {per_rank}",
                 )
+
+
+def _rule_rollout_pool(s: RunSpec) -> Iterator[Violation]:
+    """A rollout pool of its own (`parallel.colocate_actor_rollout: false`) takes
+    `parallel.rollout_devices` of the run's devices and leaves at least one to train; its
+    ranks generate one by one (rollout groups over the pool are not built yet)."""
+    p, world = s.parallel, s.world_size
+    if p.colocate_actor_rollout:
+        if p.rollout_devices:
+            yield ("parallel.rollout_devices", "is the rollout pool's device count, which needs "
+                   "parallel.colocate_actor_rollout: false: set it, or remove rollout_devices")
+        return
+    if not 0 < p.rollout_devices < world:
+        yield ("parallel.rollout_devices", f"{p.rollout_devices}: a rollout pool of its own "
+               f"takes 1 to {world - 1} of the run's {world} devices and leaves the rest to "
+               "train: set it in that range, or parallel.colocate_actor_rollout: true")
+    if s.rollout.tensor_parallel_size > 1:
+        yield ("rollout.tensor_parallel_size", f"{s.rollout.tensor_parallel_size}: a rollout "
+               "pool of its own generates one device per engine for now: set it to 1, or "
+               "parallel.colocate_actor_rollout: true")
+    if s.algorithm == "dpo":
+        yield ("parallel.colocate_actor_rollout", "false is for grpo, dapo and ppo (DPO's "
+               "steps sync the rollout after every mini-batch): set it to true")
 
 
 def _rule_layouts(s: RunSpec) -> Iterator[Violation]:
@@ -488,10 +514,11 @@ def _rule_tools(s: RunSpec) -> Iterator[Violation]:
         if late:
             yield (f"tools.{name}.steps", f"steps {late} come after the last step "
                    f"(trainer.total_steps={total}): choose steps in 1..{total}")
-        beyond = sorted(rank for rank in tool.ranks if rank >= s.world_size)
+        trains = s.training_devices
+        beyond = sorted(rank for rank in tool.ranks if rank >= trains)
         if beyond:
-            yield (f"tools.{name}.ranks", f"ranks {beyond} do not exist: the run has "
-                   f"{s.world_size} device(s), ranks 0..{s.world_size - 1}")
+            yield (f"tools.{name}.ranks", f"ranks {beyond} do not exist: the run trains on "
+                   f"{trains} device(s), ranks 0..{trains - 1}")
     precision = s.tools.precision
     if precision.enable:
         for field, path in (("trainer.output_dir", s.trainer.output_dir),
@@ -508,6 +535,7 @@ RULES: tuple[Callable[[RunSpec], Iterator[Violation]], ...] = (
     _rule_reference,
     _rule_groups,
     _rule_batch_sizes,
+    _rule_rollout_pool,
     _rule_layouts,
     _rule_lengths,
     _rule_partial_rollout,

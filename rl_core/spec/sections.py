@@ -511,7 +511,16 @@ class ParallelConfig(Strict):
     )
     colocate_actor_rollout: bool = Field(
         True,
-        description="Actor and rollout share devices, switching between training and generation.",
+        description="`true`: actor and rollout share devices, switching between training and "
+        "generation. `false`: the last `rollout_devices` devices of the run are a rollout pool "
+        "that only generates (an engine and a copy of the policy on each), the others train; "
+        "after every update the weights go from the first training device to the pool over a "
+        "process group of their own, bucket by bucket.",
+    )
+    rollout_devices: int = Field(
+        0, ge=0, le=MAX_PARALLEL,
+        description="With colocate_actor_rollout: false, the devices of the rollout pool (the "
+        "run's last ones); 0 when colocated.",
     )
     resharding: Literal["auto", "none"] = Field(
         "auto",

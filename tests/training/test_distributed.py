@@ -114,6 +114,33 @@ def test_model_parallel_ranks_on_ray_equal_one_rank_in_process(tmp_path, tiny_ca
         assert left == pytest.approx(right, rel=1e-4, abs=3e-6), left["step"]
 
 
+def test_a_rollout_pool_of_its_own_equals_one_colocated_rank(tmp_path, tiny_cache, local_ray):
+    """One device trains and the other only generates (`parallel.colocate_actor_rollout:
+    false`): the pool starts from the actor's weights and takes them over the link after every
+    update, so the run is one colocated rank's, step for step."""
+    def spec(out: Path, devices: int, **extra) -> dict:
+        # a large step, so the second rollout from stale weights would sample other tokens
+        return tiny_spec(out, resources={"devices_per_node": devices},
+                         actor={"lr": 0.05, "lr_scheduler": "constant"},
+                         trainer={"total_steps": 2, "eval_every": 2}, **extra)
+
+    RLTrainer(resolve_spec(spec(tmp_path / "one", 1))).fit()
+    trainer = RLTrainer(resolve_spec(spec(tmp_path / "two", 2, parallel={
+        "colocate_actor_rollout": False, "rollout_devices": 1})), backend="ray")
+    assert (trainer.roles.actor.size, trainer.roles.rollout.size) == (1, 1)
+    trainer.fit()
+    one, two = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")
+    assert [m["step"] for m in one] == [m["step"] for m in two] == [0, 1, 2]
+    assert any(m.get("actor/grad_norm", 0) > 0 for m in one), "the comparison needs updates"
+    for m in two[1:]:  # the update ended with the weights sent and received
+        assert m["rollout/weight_sync_bytes"] > 0 and m["timing/weight_receive"] > 0
+    for left, right in zip(one, two):
+        right = {k: v for k, v in stable_metrics(right).items()
+                 if not k.startswith(("channel/", "rollout/weight_sync"))}
+        left = {k: v for k, v in stable_metrics(left).items() if not k.startswith("channel/")}
+        assert left == pytest.approx(right, rel=1e-4, abs=1e-6), left["step"]
+
+
 # GRPO and PPO on two deterministic Ray ranks equal one rank in process (test_golden.py), so
 # what they learn on one they learn on two; DPO's pairs from the policy's own answers are made
 # on two ranks here only.

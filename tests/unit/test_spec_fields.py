@@ -267,9 +267,9 @@ def test_the_check_catches_a_field_that_nothing_reads():
 
 
 def test_the_check_catches_a_refusal_taken_out_of_the_table():
-    out = {"parallel.pipeline_parallel_size", "parallel.colocate_actor_rollout"}
+    out = {"parallel.pipeline_parallel_size"}
     unread = unread_fields(RunSpec, project_code(), set(NOT_IMPLEMENTED) - out)
-    assert unread == ["parallel.pipeline_parallel_size", "parallel.colocate_actor_rollout"]
+    assert unread == ["parallel.pipeline_parallel_size"]
 
 
 def test_the_check_follows_local_names_and_parameters_to_their_section():
