@@ -264,11 +264,10 @@ class ActorWorker(TrainedRole):
         return self.rendezvous()
 
     def join_link(self, host: str, port: int, size: int) -> None:
-        """Rank 0: join the link to the rollout pool as its rank 0 (the sender)."""
-        from rl_core.collectives import Link
-        from rl_core.device import get_kind
-
-        self.link = Link(host, port, 0, size, get_kind(self.spec.resources.device_type).backend)
+        """Rank 0 joins the link to the rollout pool as its rank 0 (the sender); the other
+        ranks only gather the buckets with it."""
+        if self.rank == 0:
+            self.link = open_link(self.spec, host, port, 0, size)
 
     def send_weights(self) -> dict[str, float]:
         """The policy's weights to the rollout pool, bucket by bucket (every rank iterates the
@@ -471,6 +470,15 @@ def policy_loss_fn(spec: RunSpec, sampling: SamplingParams) -> Callable:
 # --------------------------------------------------------------------------- reference
 
 
+def open_link(spec: RunSpec, host: str, port: int, rank: int, size: int) -> Any:
+    """Rank `rank` of the link between the actor's rank 0 and a rollout pool, on the backend
+    of the spec's devices."""
+    from rl_core.collectives import Link
+    from rl_core.device import get_kind
+
+    return Link(host, port, rank, size, get_kind(spec.resources.device_type).backend)
+
+
 class RolloutWorker(Worker):
     """A rank of a rollout pool of its own (`parallel.colocate_actor_rollout: false`): a copy of
     the policy and its rollout engine on a device that only generates. The weights arrive from
@@ -506,11 +514,7 @@ class RolloutWorker(Worker):
 
     def join_link(self, host: str, port: int, size: int) -> None:
         """Join the link to the actor's rank 0 as link rank 1 + this rank."""
-        from rl_core.collectives import Link
-        from rl_core.device import get_kind
-
-        backend = get_kind(self.spec.resources.device_type).backend
-        self.link = Link(host, port, 1 + self.rank, size, backend)
+        self.link = open_link(self.spec, host, port, 1 + self.rank, size)
 
     def receive_weights(self) -> dict[str, float]:
         """The policy's weights from the actor's rank 0, bucket by bucket, into the engine; then

@@ -115,9 +115,10 @@ def test_model_parallel_ranks_on_ray_equal_one_rank_in_process(tmp_path, tiny_ca
 
 
 def test_a_rollout_pool_of_its_own_equals_one_colocated_rank(tmp_path, tiny_cache, local_ray):
-    """One device trains and the other only generates (`parallel.colocate_actor_rollout:
+    """Two devices train and a third only generates (`parallel.colocate_actor_rollout:
     false`): the pool starts from the actor's weights and takes them over the link after every
-    update, so the run is one colocated rank's, step for step."""
+    update (both actor ranks gather each bucket, rank 0 sends it), so the run is one colocated
+    rank's, step for step."""
     def spec(out: Path, devices: int, **extra) -> dict:
         # a large step, so the second rollout from stale weights would sample other tokens
         return tiny_spec(out, resources={"devices_per_node": devices},
@@ -125,9 +126,9 @@ def test_a_rollout_pool_of_its_own_equals_one_colocated_rank(tmp_path, tiny_cach
                          trainer={"total_steps": 2, "eval_every": 2}, **extra)
 
     RLTrainer(resolve_spec(spec(tmp_path / "one", 1))).fit()
-    trainer = RLTrainer(resolve_spec(spec(tmp_path / "two", 2, parallel={
+    trainer = RLTrainer(resolve_spec(spec(tmp_path / "two", 3, parallel={
         "colocate_actor_rollout": False, "rollout_devices": 1})), backend="ray")
-    assert (trainer.roles.actor.size, trainer.roles.rollout.size) == (1, 1)
+    assert (trainer.roles.actor.size, trainer.roles.rollout.size) == (2, 1)
     trainer.fit()
     one, two = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")
     assert [m["step"] for m in one] == [m["step"] for m in two] == [0, 1, 2]
