@@ -45,6 +45,7 @@ from rl_core.determinism import process_report, record_determinism, seed_everyth
 from rl_core.engines.balance import balanced_shares
 from rl_core.errors import InputError, StaleWeightsError, TrainingStopped
 from rl_core.rollout import with_resolved_engine
+from rl_core.rollout.ahead import BUSY_COLUMN
 from rl_core.rollout.sampling import SamplingParams
 from rl_core.models.loading import (
     check_model_folder,
@@ -250,8 +251,10 @@ class Controller:
 
     def _restore(self, checkpoint: Path, state: dict[str, Any]) -> dict[str, Any]:
         receiving = self.pool_receives()  # the restored weights go to the pool too
-        self.roles.actor.call("load_state", {"engine": state["engine"], "rng": state["rng"],
-                                             "checkpoint": str(checkpoint)})
+        self.roles.actor.call("load_state", {
+            "engine": state["engine"], "rng": state["rng"], "checkpoint": str(checkpoint),
+            # the samples' and the pool's version: the updates taken (checkpoints before it: steps)
+            "policy_version": state.get("policy_version", state["step"])})
         if receiving is not None:
             collect(receiving)
         if self.roles.critic is not None and "critic" in state:
@@ -401,6 +404,12 @@ class Controller:
         """Sample the prompts on the actor's ranks (each rollout group its contiguous share,
         every rank of a group the same) as one batch; `prompt_index` counts the prompts of the
         whole call."""
+        return self.gathered(self.submit_generate(prompt_ids, params, seed))
+
+    def submit_generate(self, prompt_ids: list[list[int]], params: SamplingParams,
+                        seed: int | None = None) -> GenerateCall:
+        """`generate` without waiting: the ranks' calls are submitted (a pool of its own runs
+        them in order with its other calls); `gathered` waits for them and makes the batch."""
         if seed is None:
             seed = self.draw_seed() if params.do_sample else 0
         total = len(prompt_ids) * params.n
@@ -408,10 +417,16 @@ class Controller:
         generating = self.roles.rollout or self.roles.actor  # a pool of its own, or the actor
         shards = Batch({"prompt_ids": list(prompt_ids)}).split(generating.size // size)
         firsts = [sum(len(s) for s in shards[:rank]) for rank in range(len(shards))]
-        parts = generating.map("generate", [
+        pending = generating.submit_map("generate", [
             (shard.prompt_ids, params, seed, (first * params.n, (first + len(shard)) * params.n),
-             total) for shard, first in zip(shards, firsts) for _ in range(size)])[::size]
-        made = [(part, first) for part, first in zip(parts, firsts) if part is not None]
+             total) for shard, first in zip(shards, firsts) for _ in range(size)])
+        return GenerateCall(pending, firsts, size)
+
+    @staticmethod
+    def gathered(call: GenerateCall) -> Batch:
+        """The batch of a submitted `generate` (waits for its ranks)."""
+        parts = collect(call.pending)[0][::call.group_size]
+        made = [(part, first) for part, first in zip(parts, call.firsts) if part is not None]
         if len(made) == 1:
             return made[0][0]
         for part, first in made:  # each rank counted its own prompts from 0
@@ -578,7 +593,20 @@ def batch_metrics(batch: Batch, scores: torch.Tensor) -> dict[str, float]:
         "response_length/clip_ratio": float((~batch.finished).float().mean()),
         **({"rollout/weight_version": float(batch["weight_version"].max())}
            if "weight_version" in batch else {}),
+        # a rollout pool of its own: how long its busiest rank generated this batch
+        **({"timing/rollout_busy": float(batch[BUSY_COLUMN].max())}
+           if BUSY_COLUMN in batch else {}),
     }
+
+
+@dataclasses.dataclass
+class GenerateCall:
+    """A submitted `Controller.generate`: the ranks' calls, the first prompt of each data
+    share, and the ranks per rollout group (which return the same rows)."""
+
+    pending: Any
+    firsts: list[int]
+    group_size: int
 
 
 class ShardedRollout:

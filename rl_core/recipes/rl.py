@@ -15,7 +15,10 @@ data-parallel ranks. DAPO adds overlong reward shaping and dynamic sampling (rew
 the other stages on the kept groups). With partial rollout (`rollout.partial_rollout_max_split`)
 a step's rollout is calls of a piece of each response until `data.train_batch_size` groups are
 complete (`Controller.generate_partial`); the unfinished responses wait in a buffer saved with the
-checkpoint and go on in the next step under the updated policy.
+checkpoint and go on in the next step under the updated policy. With a rollout pool of its own
+and `trainer.max_staleness` k > 0 the pool generates the next k batches while the actor trains
+(`rl_core.rollout.ahead`); the update recomputes the old log-probs and corrects by
+`actor.rollout_is`.
 
 With the same seed the two backends give the same metrics, up to floating-point rounding, for
 any number of data-parallel ranks. The data, roles, checkpoints and loop are the controller's
@@ -37,6 +40,7 @@ from rl_core.data.partial import PartialRollouts
 from rl_core.errors import InputError, TrainingStopped
 from rl_core.precision import update_data
 from rl_core.recipes.warm import with_warm_start
+from rl_core.rollout.ahead import RolloutsAhead
 from rl_core.roles.group import collect
 from rl_core.spec import RunSpec
 from rl_core.tracking import Timer, Tracker
@@ -89,10 +93,16 @@ class RLTrainer:
         reference = spec.reference.enable and (spec.actor.use_kl_loss or adv.use_kl_in_reward)
         restored = self.ctl.start(len(self.train), reference=reference, tracker=tracker)
         self.partial = PartialRollouts.from_spec(spec)
+        staleness = spec.trainer.max_staleness
+        self.ahead = RolloutsAhead(self.ctl, self.train, staleness) if staleness else None
+        if staleness and spec.actor.rollout_is == "off":
+            log.warning("trainer.max_staleness %d with actor.rollout_is off: the update does not "
+                        "correct for the older policy that generated a batch", staleness)
         if restored is not None:
             self.kl_ctrl.value = restored["kl_coef"]
             try:
                 self._restore_partial(restored.get("partial"))
+                self._restore_ahead(restored.get("ahead"))
             except InputError:
                 self.ctl.stop("FAILED")
                 raise
@@ -128,7 +138,23 @@ class RLTrainer:
         state: dict[str, Any] = {"kl_coef": self.kl_ctrl.value}
         if self.partial is not None:
             state["partial"] = self.partial.state_dict()
+        if self.ahead is not None:  # the batches generated ahead: trained first on resume
+            state["ahead"] = self.ahead.state_dict()
         return state
+
+    def _restore_ahead(self, state: dict[str, Any] | None) -> None:
+        """The checkpoint's batches generated ahead back in line (resumed without rollouts
+        ahead, they still train first: generated again if too old, none lost); with dynamic
+        sampling or partial rollout now on they are dropped, with a warning."""
+        if state is None or not state["batches"]:
+            return
+        if self.ahead is None:
+            if self.spec.advantage.dynamic_sampling.enable or self.partial is not None:
+                log.warning("the checkpoint's %d batches generated ahead are dropped: dynamic "
+                            "sampling or partial rollout is on", len(state["batches"]))
+                return
+            self.ahead = RolloutsAhead(self.ctl, self.train, 0)
+        self.ahead.load_state_dict(state)
 
     def _restore_partial(self, state: dict[str, Any] | None) -> None:
         """The checkpoint's waiting responses back into the buffer (a checkpoint without them
@@ -206,6 +232,8 @@ class RLTrainer:
         if self.partial is not None:
             batch, truths, metrics = self.ctl.generate_partial(
                 self.partial, self.train, self.spec.data.train_batch_size)
+        elif self.ahead is not None:  # the policy version training it: the updates so far
+            batch, truths, metrics = self.ahead.next(self.step)
         else:
             prompts = self.train.take(next(self.ctl.loader))
             batch = self.ctl.generate(prompts.ids, self.sampling)
@@ -275,16 +303,19 @@ class RLTrainer:
     # ----------------------------------------------------------------------- update
 
     def _on_policy(self) -> bool:
-        """One pass over one mini-batch: the old policy is the current one, ratio == 1."""
+        """One pass over one mini-batch of a batch the current policy generated: the old
+        policy is the current one, ratio == 1."""
         rows = self.spec.data.train_batch_size * self.sampling.n
-        return self.spec.actor.ppo_epochs == 1 and self._mini_rows() >= rows
+        return (self.spec.actor.ppo_epochs == 1 and self._mini_rows() >= rows
+                and not self.spec.trainer.max_staleness)
 
     def _corrects_rollout(self) -> bool:
         """Whether the update needs the training engine's old log-probs beside the rollout's:
         another engine generated (its kernels round differently), IS correction is on, or
-        partial rollout made parts of a response under older policies."""
+        partial rollout or rollouts ahead of the update (`trainer.max_staleness`) sampled
+        under older policies."""
         return (self.spec.rollout.engine != "native" or self.spec.actor.rollout_is != "off"
-                or self.partial is not None)
+                or self.partial is not None or self.ahead is not None)
 
     def _mini_rows(self) -> int:
         return self.spec.actor.ppo_mini_batch_size * self.sampling.n
@@ -345,6 +376,9 @@ class RLTrainer:
             calls.append(self.roles.critic.submit_map("update", self.ctl.per_rank([
                 ([m.select(CRITIC_KEYS).to_dict() for m in minis], step) for minis in per_rank])))
         receiving = self.ctl.pool_receives()  # the update ends by sending the weights there
+        if receiving is not None and self.ahead is not None:
+            self.ahead.received(receiving)  # behind the batches ahead: collected after them
+            receiving = None
         results = collect(*calls, *([receiving] if receiving is not None else []))
         sums: dict[str, float] = defaultdict(float)
         counts: dict[str, int] = defaultdict(int)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import logging
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,8 @@ from rl_core.rollout import rollout_engine, with_resolved_engine
 from rl_core.rollout.parts import is_split, split_layers
 from rl_core.rollout.sampling import SamplingParams, draw_uniforms
 from rl_core.spec import RunSpec
+
+log = logging.getLogger("rl_core")
 
 
 def role_device(spec: RunSpec, device: str | None) -> torch.device:
@@ -186,6 +189,7 @@ class ActorWorker(TrainedRole):
         # a rollout pool of its own generates; rank 0 sends it the weights over `self.link`
         self.pooled = not spec.parallel.colocate_actor_rollout
         self.link = None
+        self.sending: WeightSender | None = None  # weights on their way to the pool
         if model is None:
             # sharded with an inference engine, the full model is only the template of the
             # shards and of the saved folder: it waits in host memory (split for a rollout
@@ -271,16 +275,34 @@ class ActorWorker(TrainedRole):
 
     def send_weights(self) -> dict[str, float]:
         """The policy's weights to the rollout pool, bucket by bucket (every rank iterates the
-        buckets, which it gathers with its peers; rank 0 sends them), as the current version."""
+        buckets, which it gathers with its peers; rank 0 sends them), as the current version.
+
+        With rollouts ahead of the update (`trainer.max_staleness` > 0) the pool takes them
+        only after the batches it is generating: rank 0 keeps a host copy and a thread sends
+        it, so the actor goes on at once (the next send first waits for this one)."""
         import time
 
         from rl_core.rollout.transfer import send_weights
 
         started = time.perf_counter()
+        self.wait_sent()
+        buckets = self.engine.weight_buckets()
         with self.measured("weight_sync"):
-            sent = send_weights(self.link, self.engine.weight_buckets(), self.policy_version)
+            if self.spec.trainer.max_staleness and self.link is not None:
+                copies = [[(name, tensor.detach().to("cpu", copy=True)) for name, tensor in bucket]
+                          for bucket in buckets]  # gathered with the other ranks, as they go
+                sent = sum(t.numel() * t.element_size() for bucket in copies for _, t in bucket)
+                self.sending = WeightSender(self.link, copies, self.policy_version)
+            else:
+                sent = send_weights(self.link, buckets, self.policy_version)
         return {"timing/weight_sync": time.perf_counter() - started,
                 "rollout/weight_sync_bytes": float(sent)} if self.rank == 0 else {}
+
+    def wait_sent(self) -> None:
+        """Wait for the weights a thread is sending to the pool (a failure raises here)."""
+        if self.sending is not None:
+            sending, self.sending = self.sending, None
+            sending.wait()
 
     # ----------------------------------------------------------------------- log-probs, update
 
@@ -356,6 +378,10 @@ class ActorWorker(TrainedRole):
         return {"timing/weight_sync": time.perf_counter() - started}
 
     def shutdown(self) -> None:
+        try:
+            self.wait_sent()  # the last weights, which the pool takes at its last call
+        except RuntimeError:
+            log.exception("the rollout pool did not take the last weights")
         close = getattr(self.rollout, "close", None)
         if close is not None:
             close()
@@ -470,6 +496,33 @@ def policy_loss_fn(spec: RunSpec, sampling: SamplingParams) -> Callable:
 # --------------------------------------------------------------------------- reference
 
 
+class WeightSender:
+    """A thread sending a host copy of the weights over the link to a rollout pool (as
+    `rl_core.rollout.transfer.send_weights`), while the actor goes on."""
+
+    def __init__(self, link: Any, buckets: list[Any], version: int) -> None:
+        import threading
+
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._send, args=(link, buckets, version),
+                                       name="weights-to-pool", daemon=True)
+        self.thread.start()
+
+    def _send(self, link: Any, buckets: list[Any], version: int) -> None:
+        from rl_core.rollout.transfer import send_weights
+
+        try:
+            send_weights(link, buckets, version)
+        except BaseException as exc:  # noqa: BLE001 - raised in the actor's thread by wait()
+            self.error = exc
+
+    def wait(self) -> None:
+        self.thread.join()
+        if self.error is not None:
+            raise RuntimeError(f"sending the weights to the rollout pool failed: "
+                               f"{self.error}") from self.error
+
+
 def open_link(spec: RunSpec, host: str, port: int, rank: int, size: int) -> Any:
     """Rank `rank` of the link between the actor's rank 0 and a rollout pool, on the backend
     of the spec's devices."""
@@ -535,8 +588,20 @@ class RolloutWorker(Worker):
     def generate(self, prompt_ids: list[list[int]], params: SamplingParams, seed: int = 0,
                  row_range: tuple[int, int] | None = None, total_rows: int | None = None
                  ) -> Batch | None:
-        """As `ActorWorker.generate`, from the weights last received."""
-        return generate_rows(self, prompt_ids, params, seed, row_range, total_rows)
+        """As `ActorWorker.generate`, from the weights last received; each row also carries
+        their policy version and the seconds this rank generated
+        (`rl_core.rollout.ahead.BUSY_COLUMN`)."""
+        import time
+
+        from rl_core.rollout.ahead import BUSY_COLUMN
+
+        started = time.perf_counter()
+        batch = generate_rows(self, prompt_ids, params, seed, row_range, total_rows)
+        if batch is not None:
+            batch[BUSY_COLUMN] = torch.full((len(batch),), time.perf_counter() - started)
+            # the version received last (an engine over this copy does not record it itself)
+            batch["weight_version"] = torch.full((len(batch),), self.policy_version)
+        return batch
 
     def free_cache(self) -> None:
         """Nothing to free: this device only generates."""

@@ -247,11 +247,13 @@ def ray_roles(spec: RunSpec, *, model_path: str, total_steps: int, reference: bo
                                           options=options(), **common)
             cleanup.insert(0, reward_model.shutdown)
         rollout = None
-        if not spec.parallel.colocate_actor_rollout:  # the pool: a whole bundle each
+        # the pool: a whole bundle each; its calls in the order submitted (the batches generated
+        # ahead, then the weights of the update that ran meanwhile)
+        if not spec.parallel.colocate_actor_rollout:
             pool_size = spec.parallel.rollout_devices
             rollout = RayGroup.start(
                 "rollout", RolloutWorker, spec, model_path=model_path, size=pool_size,
-                backend=backend, timeout_s=ROLE_START_TIMEOUT_S,
+                backend=backend, timeout_s=ROLE_START_TIMEOUT_S, in_order=True,
                 options=options(trains, pool_size, role_share(bundle, 1), res.cpus_per_device))
             cleanup.insert(0, rollout.shutdown)
         reward = None

@@ -281,14 +281,19 @@ class RayGroup:
     @classmethod
     def start(cls, name: str, worker_cls: type[Worker], *args: Any, size: int,
               options: list[dict[str, Any]], backend: str = "gloo",
-              timeout_s: float | None = None, **kwargs: Any) -> RayGroup:
+              timeout_s: float | None = None, in_order: bool = False,
+              **kwargs: Any) -> RayGroup:
         """Start `size` actors of `worker_cls(*args, rank=r, world_size=size, **kwargs)` with
-        `options[r]` (Ray actor options: resources, scheduling strategy, runtime env)."""
+        `options[r]` (Ray actor options: resources, scheduling strategy, runtime env). A rank
+        runs two calls at once (one may wait in a collective while another reports), or, with
+        `in_order`, one call after another in the order submitted."""
         import ray
 
         remote_cls = ray.remote(worker_cls)
+        concurrency = 1 if in_order else 2
         actors = [
-            remote_cls.options(max_restarts=0, max_concurrency=2, **options[rank]).remote(
+            remote_cls.options(max_restarts=0, max_concurrency=concurrency,
+                               **options[rank]).remote(
                 *args, rank=rank, world_size=size, **kwargs)
             for rank in range(size)
         ]

@@ -43,7 +43,7 @@ def send_weights(link: Link | None, buckets: Iterable[WeightBucket], version: in
             (name, tuple(t.shape), str(t.dtype).removeprefix("torch.")) for name, t in items]})
         if items:
             flat = torch.cat([t.contiguous().reshape(-1).view(torch.uint8) for _, t in items])
-            link.broadcast(flat, src=SENDER)
+            link.broadcast(flat.to(link.device), src=SENDER)  # (a host copy: to the device)
             sent += flat.numel()
     if link is not None:
         _send_object(link, {"version": version, "tensors": None})

@@ -59,6 +59,7 @@ MAX_DEVICES = MAX_NODES * MAX_DEVICES_PER_NODE  # devices in one run
 MAX_PARALLEL = 1_024  # tensor, pipeline and context parallel sizes
 MAX_STEPS = 10_000_000  # steps, warmups, intervals, horizons
 MAX_EPOCHS = 10_000  # trainer.total_epochs
+MAX_STALENESS = 64  # trainer.max_staleness: batches generated ahead, each kept in memory
 MAX_TOKENS = 131_072  # prompt and response lengths
 MAX_TOKEN_BUDGET = 1_048_576  # tokens of one dynamic micro-batch
 MAX_BATCH = 16_384  # prompts in a batch

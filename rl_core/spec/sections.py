@@ -25,6 +25,7 @@ from rl_core.spec.limits import (
     MAX_NODES,
     MAX_PARALLEL,
     MAX_SAMPLES,
+    MAX_STALENESS,
     MAX_STEPS,
     MAX_TOKENS,
     MAX_TOKEN_BUDGET,
@@ -571,6 +572,16 @@ class TrainerConfig(Strict):
     eval_every: int = Field(
         0, ge=0, le=MAX_STEPS, description="Evaluate every N steps; 0 disables evaluation.")
     log_every: int = Field(1, gt=0, le=MAX_STEPS, description="Log metrics every N steps.")
+    max_staleness: int = Field(
+        0, ge=0, le=MAX_STALENESS,
+        description="How many policy versions a rollout may lag the update it trains: 0 is "
+        "on-policy (generate, then train); k > 0 lets a rollout pool of its own "
+        "(`parallel.colocate_actor_rollout: false`) generate the next k batches while the "
+        "actor trains, each from the weights it last received (at most k updates old, counted "
+        "in `async/staleness`). The update recomputes the old log-probs and corrects for the "
+        "rollout's policy by `actor.rollout_is`; batches generated ahead are kept in "
+        "checkpoints.",
+    )
     resume_mode: Literal["auto", "disable", "resume_path"] = Field(
         "auto",
         description="`auto` resumes from the latest checkpoint in `output_dir`; `disable` starts "
