@@ -32,7 +32,7 @@ def test_the_default_form_submits_as_it_is_and_the_run_learns(page, team, sign_i
     expect(field(page, "model.path")).to_have_value(STARTER_MODEL)
     expect(field(page, "data.synthetic.task")).to_have_value("addition")
     page.get_by_label("Run name").fill("learns")
-    field(page, "trainer.total_steps").fill("10")
+    field(page, "trainer.total_steps").fill("20")
     open_section(page, "tools")
     field(page, "tools.monitor.system_metrics_interval").fill("1")  # (10 s by default)
     page.get_by_role("button", name="Submit run").click()
@@ -45,12 +45,14 @@ def test_the_default_form_submits_as_it_is_and_the_run_learns(page, team, sign_i
     history = run_metrics(run, ["val/accuracy", "reward/mean"])["history"]
     accuracy = [value for _, value, *_ in history["val/accuracy"]]
     rewards = [value for _, value, *_ in history["reward/mean"]]
-    # validation at steps 0 and 10: the base is right part of the time and GRPO improves it
-    assert len(accuracy) == 2 and 0.1 < accuracy[0] < 0.9, accuracy
+    # validation at steps 0, 10 and 20: the base is right part of the time and GRPO improves it
+    # (over 20 steps: at 10 the gain is of the order of a validation dip, 0.445 -> 0.39 -> 0.64
+    # on an Intel Xeon)
+    assert len(accuracy) == 3 and 0.1 < accuracy[0] < 0.9, accuracy
     assert accuracy[-1] > accuracy[0], accuracy
-    assert len(rewards) == 10 and max(rewards) > 0, rewards
+    assert len(rewards) == 20 and max(rewards) > 0, rewards
     expect(page.get_by_test_id("zero-reward")).to_be_hidden()
-    expect(page.get_by_test_id("chart-0")).to_have_attribute("data-points", "10", timeout=20_000)
+    expect(page.get_by_test_id("chart-0")).to_have_attribute("data-points", "20", timeout=20_000)
     screenshot(page, "run-learns")
     # the node's CPU and memory while it trained, sampled by the training process itself; no
     # device charts on a machine without a GPU
@@ -61,9 +63,9 @@ def test_the_default_form_submits_as_it_is_and_the_run_learns(page, team, sign_i
 
     # the sample viewer: prompts, responses and rewards of the logged steps (1, then every 10)
     samples = page.get_by_test_id("samples")
-    expect(samples.locator("caption")).to_have_text("Samples of step 10", timeout=20_000)
+    expect(samples.locator("caption")).to_have_text("Samples of step 20", timeout=20_000)
     expect(samples.locator("tbody tr")).to_have_count(4)
-    expect(page.get_by_test_id("sample-step").locator("option")).to_have_text(["1", "10"])
+    expect(page.get_by_test_id("sample-step").locator("option")).to_have_text(["1", "10", "20"])
     page.get_by_test_id("sample-step").select_option("1")
     expect(samples.locator("caption")).to_have_text("Samples of step 1")
     first = samples.locator("tbody tr").first
