@@ -332,7 +332,7 @@ def line_demo(check: Check) -> dict:
     spec["resources"] = {"device_type": check.kind.name, "devices_per_node": 1}
     spec["rollout"]["engine"] = "native"  # as on the CPU it is compared with, vLLM or not here
     spec["trainer"].update(output_dir=str(out), logger=["console"],
-                           total_steps=2 if check.smoke else 60, eval_every=1 if check.smoke else 10)
+                           total_steps=2 if check.smoke else 60, eval_every=2 if check.smoke else 10)
     path = check.work / "demo.yaml"
     path.write_text(yaml.safe_dump(spec))
     if cli(["train", str(path), "--backend", "local"]) != 0:

@@ -120,9 +120,11 @@ def test_a_rollout_pool_of_its_own_equals_one_colocated_rank(tmp_path, tiny_cach
     update (both actor ranks gather each bucket, rank 0 sends it), so the run is one colocated
     rank's, step for step."""
     def spec(out: Path, devices: int, **extra) -> dict:
-        # a large step, so the second rollout from stale weights would sample other tokens
+        # a large step, so the second rollout from stale weights would sample other tokens; no
+        # reference (fewer processes), the entropy bonus gives the update a gradient anyway
         return tiny_spec(out, resources={"devices_per_node": devices},
-                         actor={"lr": 0.05, "lr_scheduler": "constant"},
+                         actor={"lr": 0.05, "lr_scheduler": "constant", "use_kl_loss": False,
+                                "entropy_coeff": 0.01}, reference={"enable": False},
                          trainer={"total_steps": 2, "eval_every": 2}, **extra)
 
     RLTrainer(resolve_spec(spec(tmp_path / "one", 1))).fit()

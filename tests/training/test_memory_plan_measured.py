@@ -1,5 +1,7 @@
-"""The memory plan against real runs: for three model sizes, the plan's peak is within 20 % of
-the peak resident set of a CPU process training GRPO (the plain engine; fsdp2 on one size).
+"""The memory plan against real runs: for two model sizes, the plan's peak is within 20 % of
+the peak resident set of a CPU process training GRPO (the plain engine; fsdp2 on one size). The
+smallest size is the furthest off (the runtime context weighs most there) and the largest the
+nearest; bench/README.md has the figures of the middle size too (63M: -3.8 %).
 In tests/training, the slow tier: each case is a real run of about 10 to 40 seconds.
 
 Each case trains in a fresh process, this file run as a script: it imports torch, transformers
@@ -117,7 +119,7 @@ def measure(spec: dict, folder: Path, *, return_freed: bool = True) -> dict[str,
 
 
 @pytest.mark.parametrize(("size", "strategy"), [
-    ("24m", "torch"), ("63m", "torch"), ("147m", "torch"), ("24m", "fsdp2")])
+    ("24m", "torch"), ("147m", "torch"), ("24m", "fsdp2")])
 def test_the_plan_is_within_20_percent_of_the_measured_peak(size, strategy, workdir, tmp_path):
     from rl_core import memory_plan as mp
     from rl_core.spec import resolve_spec

@@ -27,7 +27,7 @@ def test_one_step_off_policy_learns_through_a_killed_pool(tmp_path, sft_base, lo
     spec = learning_spec(
         "grpo", sft_base, tmp_path, STEPS, resources={"devices_per_node": 2},
         parallel={"colocate_actor_rollout": False, "rollout_devices": 1},
-        actor={"rollout_is": "token"},
+        actor={"rollout_is": "token", "use_kl_loss": False}, reference={"enable": False},
         trainer={"max_staleness": 1, "save_every": 2, "deterministic": True})
     trainer = RLTrainer(resolve_spec(spec), backend="ray")
     pool_pid = trainer.roles.rollout.call("ping")[0]
