@@ -8,7 +8,9 @@
 This module imports only the standard library, the spec and the tiny-model presets (the web
 process plans a submission without torch). Every figure is bytes per device: a data-parallel
 rank of each role, all roles colocated on the same devices as `rl_core.roles.cluster` places
-them. Sizes are in GiB (2**30 bytes), the unit in which npu-smi and nvidia-smi report device
+them; with a rollout pool of its own (`parallel.rollout_devices`) a pool device holds the
+rollout (the policy's copy and the engine's memory) and a training device the rest, each kind
+planned apart, and the plan's peak is the larger (`MemoryPlan.peak_device`). Sizes are in GiB (2**30 bytes), the unit in which npu-smi and nvidia-smi report device
 memory; "GB" in the device tables below means the same.
 
 What each engine keeps (P parameters, D = `spec.data_parallel_size` devices, b the bytes of
@@ -132,6 +134,8 @@ GIB = 2**30
 LOGPROB_CHUNK_BYTES = 256 * 2**20
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 PHASES = ("load", "rollout", "log-probs", "backward", "step")
+# the kinds of device a plan covers: every device trains, or a rollout pool of its own has its own
+DEVICES = ("training", "pool")
 # Sequences vLLM's KV cache is sized for on the CPU (each up to max_model_len tokens), in
 # blocks of VLLM_CPU_BLOCK tokens (vLLM's CPU default), one block reserved by vLLM.
 VLLM_CPU_MAX_SEQS = 256
@@ -446,6 +450,8 @@ class Setup:
     # reward.reward_model: its shape and the rows of one of its forwards (None: no such model)
     reward_model: ModelShape | None = None
     reward_model_rows: int | None = None
+    # parallel.rollout_devices: a rollout pool of its own (0: the rollout shares the devices)
+    rollout_pool: int = 0
 
     @property
     def ranks(self) -> int:
@@ -494,6 +500,7 @@ def setup_of(spec: RunSpec) -> Setup:
                               math.ceil(spec.data.train_batch_size / dp)
                               * spec.rollout.n_samples_per_prompt)
         if spec.reward.reward_model is not None else None,
+        rollout_pool=pool,
     )
 
 
@@ -550,10 +557,14 @@ class Component:
     phases: tuple[str, ...]
     note: str = ""
     host: bool = False
+    device: str = "training"  # which devices hold it: "training", or "pool" (`DEVICES`)
 
     @property
     def role(self) -> str:
-        """The role (process) that holds it: actor (rollout included), reference or critic."""
+        """The role (process) that holds it: actor (a colocated rollout included), reference,
+        critic, reward_model, or rollout (a pool of its own)."""
+        if self.device == "pool":
+            return "rollout"
         first = self.name.split(" ", 1)[0]
         return "actor" if first == "rollout" else first
 
@@ -587,15 +598,37 @@ class MemoryPlan:
     device_memory_bytes: int | None
     alternatives: tuple[Alternative, ...] = field(default=())
 
-    def phase_bytes(self, role: str | None = None) -> dict[str, int]:
-        """Device bytes of each phase: all roles, or only `role`'s (what that role's process
+    def phase_bytes(self, role: str | None = None, device: str | None = None) -> dict[str, int]:
+        """Device bytes of each phase: all roles on one device of `device` (by default the
+        devices with the larger peak: with a rollout pool of its own the training devices and
+        the pool's hold different things), or only `role`'s (what that role's process
         allocates, e.g. to compare with its `max_memory_allocated`)."""
-        parts = [c for c in self.components if role is None or c.role == role]
-        return {p: sum(c.bytes for c in parts if p in c.phases) for p in PHASES}
+        if role is None and device is None:
+            device = self.peak_device
+        return _phase_totals([c for c in self.components if (role is None or c.role == role)
+                              and (device is None or c.device == device)])
 
     @property
     def roles(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(c.role for c in self.components))
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        """The kinds of device the plan covers: training, and pool with a pool of its own."""
+        return tuple(d for d in DEVICES if any(c.device == d for c in self.components)) \
+            or (DEVICES[0],)
+
+    @property
+    def device_peaks(self) -> dict[str, int]:
+        """The peak bytes of one device of each kind."""
+        return {d: max(_phase_totals([c for c in self.components if c.device == d]).values())
+                for d in self.devices}
+
+    @property
+    def peak_device(self) -> str:
+        """The kind of device whose peak is the plan's (training on a tie)."""
+        peaks = self.device_peaks
+        return max(peaks, key=lambda d: peaks[d])
 
     @property
     def peak_phase(self) -> str:
@@ -636,6 +669,7 @@ class MemoryPlan:
             "dtype": self.setup.dtype, "setup": dataclasses.asdict(self.setup),
             "components": [c.to_dict() for c in self.components],
             "phases": self.phase_bytes(), "peak_phase": self.peak_phase,
+            "peak_device": self.peak_device, "device_peaks": self.device_peaks,
             "roles": {role: self.phase_bytes(role) for role in self.roles},
             "total_bytes": self.total_bytes, "host_bytes": self.host_bytes,
             "device_memory_bytes": self.device_memory_bytes, "usable_bytes": self.usable_bytes,
@@ -679,8 +713,9 @@ def plan_setup(setup: Setup, shape: ModelShape, device_memory_bytes: int | None,
 
 
 def components(s: Setup, shape: ModelShape) -> list[Component]:
-    """Every component of the run, role by role."""
-    parts = _actor_state(s, shape) + _rollout(s, shape) + _actor_passes(s, shape)
+    """Every component of the run, role by role (a pool's on its own devices)."""
+    rollout = _pool(s, shape) if s.rollout_pool else _rollout(s, shape)
+    parts = _actor_state(s, shape) + rollout + _actor_passes(s, shape)
     parts += _reference(s, shape)
     if s.critic_rows is not None:
         parts += _critic(s, shape)
@@ -797,6 +832,20 @@ def _rollout(s: Setup, shape: ModelShape) -> list[Component]:
         Component("rollout sampling logits", rows * shape.vocab_size * 16, ("rollout",),
                   "float32 logits, probabilities and the top-p/top-k sort"),
     ]
+
+
+def _pool(s: Setup, shape: ModelShape) -> list[Component]:
+    """A rollout pool of its own (`parallel.rollout_devices`): on each pool device the policy's
+    copy, which the weights received replace (the native engine generates from it; vLLM keeps
+    its own, counted with it, and the copy waits in host memory), and the rollout's memory; the
+    training devices hold no rollout."""
+    parts = [c for c in _rollout(s, shape) if c.name not in ("rollout full weights",
+                                                             "rollout weights parked")]
+    if s.rollout_engine == "native":
+        parts.insert(0, Component("rollout weights", shape.parameters * s.dtype_bytes, PHASES,
+                                  f"the pool's copy of the policy in {s.dtype}"))
+    return [dataclasses.replace(c, name=c.name.replace("rollout", "pool", 1), device="pool")
+            for c in parts]
 
 
 def _vllm_rollout(s: Setup, shape: ModelShape) -> list[Component]:
@@ -1117,6 +1166,8 @@ def _noun(s: Setup) -> str:
 def _message(p: MemoryPlan) -> str:
     unit = _unit(p)
     noun, peak = _noun(p.setup), f"{_size(p.total_bytes, unit)} {unit[0]} in {p.peak_phase}"
+    if len(p.devices) > 1:  # a rollout pool of its own: the devices whose peak it is
+        noun = f"{p.peak_device} {noun}"
     if p.device_memory_bytes is None:
         return f"needs {peak} per {noun}; device memory unknown (give --device-memory-gb N)"
     of = (f"{_size(p.usable_bytes, unit)} usable of {_size(p.device_memory_bytes, unit)} "
@@ -1143,18 +1194,25 @@ def format_table(p: MemoryPlan) -> str:
              + (f", {s.context_parallel} to a sequence" if s.context_parallel > 1 else "")
              + (f", {s.tensor_parallel} to a layer" if s.tensor_parallel > 1 else ""),
              _row(f"{unit[0]} per device", [*PHASES, "host"])]
-    for c in p.components:
-        cells = [_size(c.bytes, unit) if phase in c.phases else "" for phase in PHASES]
-        lines.append(_row(c.name, [*cells, _size(c.bytes, unit) if c.host else ""]))
-    totals = p.phase_bytes()
-    lines.append(_row("total", [*(_size(totals[q], unit) for q in PHASES),
-                                _size(p.host_bytes, unit)]))
+    for device in p.devices:  # with a rollout pool of its own: its devices' after the others'
+        for c in (c for c in p.components if c.device == device):
+            cells = [_size(c.bytes, unit) if phase in c.phases else "" for phase in PHASES]
+            lines.append(_row(c.name, [*cells, _size(c.bytes, unit) if c.host else ""]))
+        totals = p.phase_bytes(device=device)
+        host = sum(c.bytes for c in p.components if c.host and c.device == device)
+        lines.append(_row("total" if len(p.devices) == 1 else f"total, a {device} device",
+                          [*(_size(totals[q], unit) for q in PHASES), _size(host, unit)]))
     if p.alternatives:
         lines.append("alternatives, each adding to the one before:")
         lines += [f"  + {a.adds}: {_size(a.peak_bytes, unit)} {unit[0]} in {a.peak_phase}"
                   for a in p.alternatives]
     lines.append(p.message)
     return "\n".join(lines)
+
+
+def _phase_totals(parts: Iterable[Component]) -> dict[str, int]:
+    parts = list(parts)
+    return {p: sum(c.bytes for c in parts if p in c.phases) for p in PHASES}
 
 
 def _count(n: int) -> str:

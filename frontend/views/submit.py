@@ -106,7 +106,8 @@ class Editor:
 
 def memory_preview(verdict: services.MemoryVerdict) -> dict:
     """What the dry run shows of a memory plan: the verdict line, where the device memory comes
-    from and one row per role of bytes per phase (GiB, or MiB for a plan under one GiB)."""
+    from, one row per role of bytes per phase (GiB, or MiB for a plan under one GiB) and the
+    total of a device (with a rollout pool of its own: of a training and of a pool device)."""
     plan = verdict.plan
     if plan is None:
         return {"fits": None, "message": verdict.reason}
@@ -120,7 +121,8 @@ def memory_preview(verdict: services.MemoryVerdict) -> dict:
         "fits": plan.fits, "message": plan.message, "unit": unit, "phases": PHASES,
         "peak": plan.peak_phase, "rows": [(role, cells(plan.phase_bytes(role)))
                                           for role in plan.roles],
-        "total": cells(plan.phase_bytes()),
+        "totals": [("total" if len(plan.devices) == 1 else f"total, a {kind} device",
+                    cells(plan.phase_bytes(device=kind))) for kind in plan.devices],
         "device": f"{device} on {verdict.device_cluster}" if verdict.device_cluster
         else f"{device} (no such device registered: the kind's default)",
     }

@@ -354,7 +354,10 @@ class PlanComponentSerializer(serializers.Serializer):
                                    help_text="The phases it is on the device in.")
     note = serializers.CharField(allow_blank=True)
     host = serializers.BooleanField(help_text="It lives in host memory outside those phases.")
-    role = serializers.CharField(help_text="actor, reference or critic.")
+    role = serializers.CharField(help_text="actor, reference, critic, reward_model, or rollout "
+                                 "(a rollout pool of its own).")
+    device = serializers.CharField(help_text="The devices that hold it: training, or pool (a "
+                                   "rollout pool of its own, parallel.rollout_devices).")
 
 
 class PlanAlternativeSerializer(serializers.Serializer):
@@ -380,6 +383,11 @@ class MemoryPlanSerializer(serializers.Serializer):
     phases = PhaseBytesField(help_text="Device bytes per phase: load, rollout, log-probs, "
                              "backward, step.")
     peak_phase = serializers.CharField()
+    peak_device = serializers.CharField(help_text="training, or pool: the kind of device whose "
+                                        "peak is the plan's (phases and total_bytes are one "
+                                        "device of that kind's).")
+    device_peaks = serializers.DictField(child=serializers.IntegerField(),
+                                         help_text="The peak bytes of one device of each kind.")
     roles = serializers.DictField(child=PhaseBytesField(), help_text="Per role, bytes per phase.")
     total_bytes = serializers.IntegerField(help_text="The peak: bytes of the largest phase.")
     host_bytes = serializers.IntegerField()

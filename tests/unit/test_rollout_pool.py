@@ -71,3 +71,34 @@ def test_rollouts_ahead_need_a_pool_and_steps_that_can_be_generated_ahead():
     with pytest.raises(SpecError, match=r"trainer.max_staleness: 2 with "
                                         r"rollout.partial_rollout_max_split"):
         resolve_spec(partial)
+
+
+def test_the_memory_plan_gives_the_pool_the_rollout_and_the_training_devices_the_rest():
+    from rl_core import memory_plan as mp
+
+    def planned(devices: int, **parallel):
+        return mp.plan(resolve_spec(spec(devices, **parallel) | {
+            "model": {"path": "tiny:small"},
+            "actor": {"ppo_mini_batch_size": 6, "strategy": "fsdp2"}}))
+
+    # three devices train either way; a fourth generates all 6 prompts, or each 2 of them
+    colocated = planned(3)
+    pooled = planned(4, colocate_actor_rollout=False, rollout_devices=1)
+    assert colocated.devices == ("training",) and pooled.devices == ("training", "pool")
+    pool = [c for c in pooled.components if c.device == "pool"]
+    assert {c.role for c in pool} == {"rollout"}
+    assert not any(c.name.startswith("rollout") for c in pooled.components)  # none on training
+    # the pool's own copy of the policy, on its device in every phase, and the engine's memory
+    weights = next(c for c in pool if c.name == "pool weights")
+    assert weights.bytes == pooled.parameters * 4 and weights.phases == mp.PHASES
+    kv = next(c for c in pool if c.name == "pool KV cache")
+    assert kv.bytes == 3 * next(c.bytes for c in colocated.components
+                                if c.name == "rollout KV cache")
+    # each kind planned apart: the training devices lose the rollout phase's engine memory
+    training = pooled.phase_bytes(device="training")
+    assert training["rollout"] < colocated.phase_bytes()["rollout"]
+    assert pooled.device_peaks["pool"] == max(pooled.phase_bytes(device="pool").values())
+    assert pooled.total_bytes == max(pooled.device_peaks.values())
+    table = mp.format_table(pooled)
+    assert "total, a training device" in table and "total, a pool device" in table
+    assert pooled.to_dict()["peak_device"] == pooled.peak_device
