@@ -493,7 +493,7 @@ def policy_loss_fn(spec: RunSpec, sampling: SamplingParams) -> Callable:
     return loss_fn
 
 
-# --------------------------------------------------------------------------- reference
+# --------------------------------------------------------------------------- a rollout pool
 
 
 class WeightSender:
@@ -611,6 +611,9 @@ class RolloutWorker(Worker):
         if close is not None:
             close()
         super().shutdown()
+
+
+# --------------------------------------------------------------------------- reference
 
 
 class ReferenceWorker(Worker):

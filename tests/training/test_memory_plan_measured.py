@@ -41,12 +41,10 @@ MMAP_THRESHOLD = 1 << 16  # bytes; glibc's default starts at 128 KiB and rises t
 POLL_S = 0.002  # how often the child's peak is read
 RUN_TIMEOUT_S = 600
 # Qwen2 shapes with the tiny models' 263-token byte vocabulary: nearly every parameter is in
-# the decoder layers (23.7M, 63.1M and 146.9M parameters, float32).
+# the decoder layers (23.7M and 146.9M parameters, float32).
 SIZES = {
     "24m": {"hidden_size": 512, "num_hidden_layers": 8, "num_attention_heads": 8,
             "num_key_value_heads": 4, "intermediate_size": 1408},
-    "63m": {"hidden_size": 768, "num_hidden_layers": 10, "num_attention_heads": 12,
-            "num_key_value_heads": 4, "intermediate_size": 2048},
     "147m": {"hidden_size": 1024, "num_hidden_layers": 13, "num_attention_heads": 16,
              "num_key_value_heads": 4, "intermediate_size": 2816},
 }
