@@ -7,7 +7,8 @@ API, the web UI (both through `platform/experiments/services.py`) and the comman
     admission.memory     # the memory plan on the largest device the run could get, or why none
 
 What the spec's own validation cannot know is checked here: that every reward function exists
-and takes its keyword arguments, that every path lies inside the roots of the path policy of
+and takes its keyword arguments, that the model has what the spec asks of it (experts for
+expert parallelism, a layout its kind supports: `rl_core.spec.model_violations`), that every path lies inside the roots of the path policy of
 where the run would go, that the host memory asked for fits a node there, and the memory plan
 of the model (a built-in `tiny:` preset, its config.json, or a known model's figures) on the
 device it would get. A memory plan that does not fit is a verdict, not a refusal: the caller
@@ -38,7 +39,7 @@ from rl_core.paths import (
     root_problem,
 )
 from rl_core.rewards import registry as reward_registry
-from rl_core.spec import RunSpec
+from rl_core.spec import RunSpec, model_violations
 
 __all__ = [
     "DEFAULT_DEVICE_MODEL", "GIB", "PHASES", "POLICY_ENV", "Admission", "Facts", "MemoryPlan",
@@ -122,8 +123,8 @@ class Admission:
 def admit(spec: RunSpec, facts: Facts = Facts()) -> Admission:
     """Every refusal of `spec` given `facts`, in the order rewards, host memory, paths; and the
     memory verdict."""
-    refusals = [*_reward_refusals(spec), *_host_memory_refusals(spec, facts),
-                *_path_refusals(spec, facts)]
+    refusals = [*_reward_refusals(spec), *_model_refusals(spec),
+                *_host_memory_refusals(spec, facts), *_path_refusals(spec, facts)]
     return Admission(tuple(refusals), memory_verdict(spec, facts))
 
 
@@ -144,6 +145,18 @@ def _reward_refusals(spec: RunSpec) -> list[Refusal]:
         except TypeError as exc:
             errors.append({"field": f"reward.functions.{i}.kwargs", "message": str(exc)})
     return errors
+
+
+def _model_refusals(spec: RunSpec) -> list[Refusal]:
+    """What the model cannot give (expert parallelism of a dense model, a layout a mixture of
+    experts does not support), where its shape is known here (a tiny preset, its config.json or
+    a known model); otherwise the run checks it when the model loads."""
+    try:
+        shape = plans.shape_of(spec)
+    except InputError:
+        return []
+    return [{"field": field, "message": message}
+            for field, message in model_violations(spec, shape.num_experts, shape.model_type)]
 
 
 def _host_memory_refusals(spec: RunSpec, facts: Facts) -> list[Refusal]:

@@ -7,8 +7,9 @@ at the first step on a GPU or an NPU. So every reduction in rl_core goes through
 it puts the tensor where the group's backend takes it (`placement`, a pure function tested for
 every backend on any host), in a dtype that backend has, reduces it and hands back a tensor on
 the caller's device in the caller's dtype. `reduce_numbers` does the same for a few Python
-numbers in one call (integers as int64, exact; other numbers as float32); `all_to_all` and
-`all_gather` move tensors the same way (context parallelism's exchanges). `Link` is a process
+numbers in one call (integers as int64, exact; other numbers as float32); `all_to_all`,
+`all_to_all_rows` and `all_gather` move tensors the same way (context parallelism's exchanges,
+expert parallelism's dispatch of tokens). `Link` is a process
 group of its own between processes of different roles (a trainer rank and a rollout pool), each
 keeping its role's default group, and broadcasts over it the same way.
 tests/unit/test_layout.py fails on a collective called anywhere else in rl_core.
@@ -110,6 +111,18 @@ def all_to_all(tensor: torch.Tensor, group: dist.ProcessGroup | None = None) -> 
     sent = _on_wire(tensor, group)
     got = torch.empty_like(sent)
     dist.all_to_all_single(got, sent, group=group)
+    return got.to(device=tensor.device, dtype=tensor.dtype)
+
+
+def all_to_all_rows(tensor: torch.Tensor, send: Sequence[int], receive: Sequence[int],
+                    group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """Exchange rows of `tensor` (N, ...) over `group`, a different number with each rank: the
+    first send[0] rows go to rank 0, the next send[1] to rank 1, ...; the result holds
+    receive[j] rows from rank j, in rank order. On the caller's device and dtype."""
+    sent = _on_wire(tensor, group)
+    got = sent.new_empty((sum(receive), *sent.shape[1:]))
+    dist.all_to_all_single(got, sent, output_split_sizes=list(receive),
+                           input_split_sizes=list(send), group=group)
     return got.to(device=tensor.device, dtype=tensor.dtype)
 
 

@@ -275,13 +275,21 @@ def supports_dtype(kind: DeviceKind, dtype: str) -> tuple[bool, str]:
                    f"(torch.{kind.torch_type}.is_bf16_supported() is False); use float32")
 
 
-def device_mesh(device: torch.device, size: int, tensor_parallel: int = 1):
+def device_mesh(device: torch.device, size: int, tensor_parallel: int = 1,
+                expert_parallel: int = 1):
     """A device mesh of `size` ranks over the default process group, with the device type
     always given: one-dimensional (FSDP2 shards over it), or with `tensor_parallel` > 1 two
     dimensions, "shard" × "tp" (blocks of `tensor_parallel` consecutive ranks split the
-    model's matrices; FSDP2 shards over the rest)."""
+    model's matrices; FSDP2 shards over the rest), or with `expert_parallel` > 1 two
+    dimensions "edp" × "ep" (blocks of `expert_parallel` consecutive ranks split the experts;
+    `rl_core.engines.experts`)."""
     from torch.distributed.device_mesh import init_device_mesh
 
+    if tensor_parallel > 1 and expert_parallel > 1:
+        raise ValueError("tensor and expert parallelism together are not supported")
+    if expert_parallel > 1:
+        return init_device_mesh(device.type, (size // expert_parallel, expert_parallel),
+                                mesh_dim_names=("edp", "ep"))
     if tensor_parallel == 1:
         return init_device_mesh(device.type, (size,))
     return init_device_mesh(device.type, (size // tensor_parallel, tensor_parallel),

@@ -187,7 +187,9 @@ class ModelShape:
 
     `head_dim` defaults to hidden_size / num_attention_heads; `qkv_bias` is Qwen2's bias on the
     q, k, v projections (Llama's `attention_bias` adds `o_bias` on the output projection too);
-    `qk_norm` is Qwen3's RMSNorm on each head of q and k.
+    `qk_norm` is Qwen3's RMSNorm on each head of q and k. A mixture of experts of the Qwen3-MoE
+    kind has `num_experts` SwiGLU experts of width `moe_intermediate_size` and a router in
+    every layer's MLP, `num_experts_per_tok` of them computing each token.
     """
 
     hidden_size: int
@@ -204,6 +206,33 @@ class ModelShape:
     qk_norm: bool = False
     mlp_bias: bool = False
     model_type: str = "llama"
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def mlp_width(self) -> int:
+        """The MLP width one token computes: the intermediate size, or its experts' together."""
+        if self.is_moe:
+            return self.num_experts_per_tok * self.moe_intermediate_size
+        return self.intermediate_size
+
+    @property
+    def expert_parameters(self) -> int:
+        """Parameters of one layer's experts (0 for a dense model)."""
+        return self.num_experts * 3 * self.hidden_size * self.moe_intermediate_size
+
+    @property
+    def active_parameters(self) -> int:
+        """The parameters one token computes with: of a mixture of experts only the experts its
+        router picks (as `parameters` for a dense model)."""
+        idle = self.num_experts - self.num_experts_per_tok
+        return self.parameters - self.num_hidden_layers * idle * self.expert_parameters // max(
+            self.num_experts, 1)
 
     @property
     def head_size(self) -> int:
@@ -228,6 +257,8 @@ class ModelShape:
         attention += h if self.o_bias else 0
         attention += 2 * self.head_size if self.qk_norm else 0
         mlp = 3 * h * inter + ((2 * inter + h) if self.mlp_bias else 0)
+        if self.is_moe:  # the experts and the router
+            mlp = self.expert_parameters + self.num_experts * h
         return attention + mlp + 2 * h
 
     @property
@@ -270,6 +301,12 @@ def _qwen3(h, inter, layers, heads, kv, tied) -> ModelShape:
                       qk_norm=True, model_type="qwen3")
 
 
+def _qwen3_moe(h, inter, layers, heads, kv, experts, top_k, width) -> ModelShape:
+    return ModelShape(h, inter, layers, heads, kv, 151936, False, 40960, head_dim=128,
+                      qk_norm=True, model_type="qwen3_moe", num_experts=experts,
+                      num_experts_per_tok=top_k, moe_intermediate_size=width)
+
+
 def _llama(h, inter, layers, heads, kv, tied, head_dim=None) -> ModelShape:
     return ModelShape(h, inter, layers, heads, kv, 128256, tied, 131072, head_dim=head_dim)
 
@@ -292,6 +329,8 @@ _BASE_SHAPES: dict[str, ModelShape] = {
     "Qwen/Qwen3-8B": _qwen3(4096, 12288, 36, 32, 8, False),  # 8.2B
     "Qwen/Qwen3-14B": _qwen3(5120, 17408, 40, 40, 8, False),  # 14.8B
     "Qwen/Qwen3-32B": _qwen3(5120, 25600, 64, 64, 8, False),  # 32.8B
+    "Qwen/Qwen3-30B-A3B": _qwen3_moe(2048, 6144, 48, 32, 4, 128, 8, 768),  # 30.5B, 3.3B active
+    "Qwen/Qwen3-235B-A22B": _qwen3_moe(4096, 12288, 94, 64, 4, 128, 8, 1536),  # 235B, 22B active
     "meta-llama/Llama-3.1-8B": _llama(4096, 14336, 32, 32, 8, False),  # 8.03B
     "meta-llama/Llama-3.1-70B": _llama(8192, 28672, 80, 64, 8, False),  # 70.6B
     "meta-llama/Llama-3.2-1B": _llama(2048, 8192, 16, 32, 8, True, head_dim=64),  # 1.24B
@@ -328,14 +367,21 @@ def known_shape(name: str) -> ModelShape | None:
 def shape_from_config(config: Mapping[str, Any], source: str = "config.json") -> ModelShape:
     """The shape in a Hugging Face config.json mapping (a multimodal model's `text_config`).
 
-    An InputError naming `source` when a size is missing or the model is a mixture of experts.
+    An InputError naming `source` when a size is missing, or the model is a mixture of experts
+    of another kind than Qwen3-MoE's (shared experts, dense layers between sparse ones).
     """
     if "hidden_size" not in config and isinstance(config.get("text_config"), Mapping):
         config = config["text_config"]
-    experts = config.get("num_experts") or config.get("n_routed_experts")
-    if experts:
-        raise InputError(f"{source}: a mixture-of-experts model ({experts} experts), which the "
-                         "memory plan does not cover; plan a dense model")
+    experts = int(config.get("num_experts") or config.get("num_local_experts")
+                  or config.get("n_routed_experts") or 0)
+    shared = any(config.get(k) for k in ("n_shared_experts", "shared_expert_intermediate_size",
+                                         "first_k_dense_replace", "mlp_only_layers"))
+    if experts and (shared or int(config.get("decoder_sparse_step") or 1) != 1
+                    or not config.get("moe_intermediate_size")):
+        raise InputError(f"{source}: a mixture of experts ({experts} experts) with shared "
+                         "experts or dense layers, which the memory plan does not cover; it "
+                         "plans dense models and Qwen3-MoE-style ones (every layer's MLP "
+                         "routed experts only)")
     missing = [k for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
                            "num_attention_heads", "vocab_size") if not config.get(k)]
     if missing:
@@ -360,12 +406,22 @@ def shape_from_config(config: Mapping[str, Any], source: str = "config.json") ->
         qk_norm=model_type.startswith("qwen3"),
         mlp_bias=bool(config.get("mlp_bias", False)),
         model_type=model_type,
+        num_experts=experts,
+        num_experts_per_tok=int(config.get("num_experts_per_tok") or 0) if experts else 0,
+        moe_intermediate_size=int(config.get("moe_intermediate_size") or 0) if experts else 0,
     )
 
 
 def tiny_shape(size: str) -> ModelShape:
     """The shape of the built-in `tiny:<size>` model (ValueError for an unknown size)."""
     preset = get_size(size)
+    if preset.is_moe:
+        return ModelShape(preset.hidden_size, preset.intermediate_size, preset.num_hidden_layers,
+                          preset.num_attention_heads, preset.num_key_value_heads,
+                          TINY_VOCAB_SIZE, True, preset.max_position_embeddings, qk_norm=True,
+                          model_type="qwen3_moe", num_experts=preset.num_experts,
+                          num_experts_per_tok=preset.num_experts_per_tok,
+                          moe_intermediate_size=preset.moe_intermediate_size)
     return ModelShape(preset.hidden_size, preset.intermediate_size, preset.num_hidden_layers,
                       preset.num_attention_heads, preset.num_key_value_heads, TINY_VOCAB_SIZE,
                       True, preset.max_position_embeddings, qkv_bias=True, model_type="qwen2")
@@ -445,6 +501,8 @@ class Setup:
     context_parallel_algo: str = "ulysses"
     # parallel.tensor_parallel_size: the devices splitting each layer's matrices
     tensor_parallel: int = 1
+    # parallel.expert_parallel_size: the devices splitting each layer's experts
+    expert_parallel: int = 1
     # rollout.tensor_parallel_size: the devices of a rollout group, each its part of the layers
     rollout_parallel: int = 1
     # reward.reward_model: its shape and the rows of one of its forwards (None: no such model)
@@ -495,6 +553,7 @@ def setup_of(spec: RunSpec) -> Setup:
         max_model_len=vllm_max_model_len(spec),
         master_weights=spec.actor.master_weights, context_parallel=cp,
         context_parallel_algo=spec.parallel.context_parallel_algo, tensor_parallel=tp,
+        expert_parallel=spec.parallel.expert_parallel_size,
         rollout_parallel=rp, reward_model=reward_model_shape(spec),
         reward_model_rows=min(spec.reward.reward_model_micro_batch_size,
                               math.ceil(spec.data.train_batch_size / dp)
@@ -597,6 +656,7 @@ class MemoryPlan:
     components: tuple[Component, ...]
     device_memory_bytes: int | None
     alternatives: tuple[Alternative, ...] = field(default=())
+    active_parameters: int | None = None  # of a mixture of experts: those a token computes with
 
     def phase_bytes(self, role: str | None = None, device: str | None = None) -> dict[str, int]:
         """Device bytes of each phase: all roles on one device of `device` (by default the
@@ -665,6 +725,7 @@ class MemoryPlan:
         """A JSON-able summary (bytes as integers)."""
         return {
             "model": self.model, "parameters": self.parameters,
+            "active_parameters": self.active_parameters or self.parameters,
             "strategy": self.setup.strategy, "devices": self.setup.devices,
             "dtype": self.setup.dtype, "setup": dataclasses.asdict(self.setup),
             "components": [c.to_dict() for c in self.components],
@@ -700,7 +761,7 @@ def plan_setup(setup: Setup, shape: ModelShape, device_memory_bytes: int | None,
     auto` planned as vLLM, the native engine's plan when vLLM's share would not fit and the
     native engine's does (a run then takes the native engine: `rl_core.rollout.resolve_engine`)."""
     result = MemoryPlan(model, shape.parameters, setup, tuple(components(setup, shape)),
-                        device_memory_bytes)
+                        device_memory_bytes, active_parameters=shape.active_parameters)
     if result.fits is False and setup.engine_auto and setup.rollout_engine == "vllm":
         native = dataclasses.replace(setup, rollout_engine="native")
         fallback = plan_setup(native, shape, device_memory_bytes, model)
@@ -793,7 +854,7 @@ def _fsdp2_state(role: str, params: int, root: int, layer: int, s: Setup, offloa
 
 def _actor_state(s: Setup, shape: ModelShape) -> list[Component]:
     return _train_state("actor", shape.parameters, shape.root_parameters,
-                        shape.layer_parameters, s, s.offload_param, s.offload_optimizer)
+                        _layer_unit(s, shape), s, s.offload_param, s.offload_optimizer)
 
 
 # --------------------------------------------------------------------------- rollout
@@ -804,7 +865,7 @@ def _rollout(s: Setup, shape: ModelShape) -> list[Component]:
     static KV cache and its compaction copy, the prefill and the sampling logits."""
     if s.rollout_engine == "vllm":
         return _vllm_rollout(s, shape)
-    b, h, inter, r = s.dtype_bytes, shape.hidden_size, shape.intermediate_size, s.rollout_parallel
+    b, h, inter, r = s.dtype_bytes, shape.hidden_size, shape.mlp_width, s.rollout_parallel
     fused = shape.q_width + 2 * shape.kv_width + 2 * inter  # q/k/v and gate/up outputs
     cache = _kv_cache_bytes(s, shape)
     rows, kept = s.rollout_rows, s.rollout_rows - s.rollout_rows // 4
@@ -893,6 +954,9 @@ def _packed_weights(s: Setup, shape: ModelShape, fused: int) -> Component:
     the norms folded in (and their biases); on CPU oneDNN's prepacked copies of the output and
     down projections too (on other devices those are the model's own tensors)."""
     b, h, layers = s.dtype_bytes, shape.hidden_size, shape.num_hidden_layers
+    if shape.is_moe:  # generated by transformers' own forward, over the model's weights
+        return Component("rollout packed weights", 0, ("rollout",),
+                         "none: a mixture of experts generates through the model's own forward")
     packed = layers * (h + 1) * fused * b
     note = "q/k/v and gate/up concatenated with the norms folded in"
     if s.device_type == "cpu":
@@ -925,8 +989,10 @@ def activation_bytes_per_token(shape: ModelShape, dtype_bytes: int, checkpointin
     the formula is in the module docstring). `seq_len` matters for `eager` attention only.
     With `tensor_parallel` t every term is split t ways, but for the gathered inputs of
     attention and the MLP (2·b·h a layer) and of the output head (b·h)."""
-    b, h, inter, t = dtype_bytes, shape.hidden_size, shape.intermediate_size, tensor_parallel
+    b, h, inter, t = dtype_bytes, shape.hidden_size, shape.mlp_width, tensor_parallel
     layer = 2 * (4 + b) * h + 5 * b * shape.q_width + 4 * b * inter
+    if shape.is_moe:  # each token's copies to and from its experts, the router's float32 output
+        layer += 2 * b * shape.num_experts_per_tok * h + 3 * 4 * shape.num_experts
     if shape.qk_norm:
         layer += (4 + b) * (shape.q_width + shape.kv_width)
     if attention == "eager":
@@ -942,7 +1008,7 @@ def activation_bytes_per_token(shape: ModelShape, dtype_bytes: int, checkpointin
 def forward_bytes_per_token(shape: ModelShape, dtype_bytes: int, tensor_parallel: int = 1) -> int:
     """Working bytes per token of a forward without gradients: one layer's intermediates (the
     projections' outputs split `tensor_parallel` ways, their gathered input whole)."""
-    h, inter = shape.hidden_size, shape.intermediate_size
+    h, inter = shape.hidden_size, shape.mlp_width
     fused = shape.q_width + 2 * shape.kv_width + 2 * inter
     return dtype_bytes * (math.ceil((fused + inter) / tensor_parallel) + 2 * h) + 4 * h
 
@@ -1016,8 +1082,15 @@ def _vocab_part(s: Setup, shape: ModelShape) -> int:
 
 def _gathered_layers(s: Setup, shape: ModelShape) -> int:
     """Parameters FSDP2 gathers on a device to compute: the root and two layers (their
-    tensor-parallel part)."""
-    return math.ceil((shape.root_parameters + 2 * shape.layer_parameters) / s.tensor_parallel)
+    tensor-parallel part; with expert parallelism, the device's share of their experts)."""
+    return math.ceil((shape.root_parameters + 2 * _layer_unit(s, shape)) / s.tensor_parallel)
+
+
+def _layer_unit(s: Setup, shape: ModelShape) -> int:
+    """The parameters of a layer a device gathers in full: all but, with expert parallelism,
+    the experts other devices of its block hold."""
+    others = s.expert_parallel - 1
+    return shape.layer_parameters - shape.expert_parameters * others // s.expert_parallel
 
 
 def _shared(s: Setup) -> str:
@@ -1071,7 +1144,7 @@ def _critic(s: Setup, shape: ModelShape) -> list[Component]:
     per_token = activation_bytes_per_token(shape, s.dtype_bytes, False, seq, s.attention,
                                            s.tensor_parallel)
     state = _train_state("critic", shape.critic_parameters, shape.critic_root_parameters,
-                         shape.layer_parameters, s)
+                         _layer_unit(s, shape), s)
     update = Component("critic activations", math.ceil(rows * seq / s.context_parallel) * per_token,
                        ("backward",), f"{rows} rows x {seq} tokens{_shared(s)}, all layers kept")
     ring = ([_ring_weights("critic", rows, s, shape)]
@@ -1189,10 +1262,13 @@ def _message(p: MemoryPlan) -> str:
 def format_table(p: MemoryPlan) -> str:
     """The plan as a fixed-width table (per device, one column per phase) and the verdict."""
     s, unit = p.setup, _unit(p)
-    lines = [f"memory plan of {p.model or 'the run'}: {_count(p.parameters)} parameters, "
+    active = (f" ({_count(p.active_parameters)} active)"
+              if p.active_parameters and p.active_parameters != p.parameters else "")
+    lines = [f"memory plan of {p.model or 'the run'}: {_count(p.parameters)} parameters{active}, "
              f"{s.dtype}, actor.strategy={s.strategy} over {s.ranks} {_noun(s)}(s)"
              + (f", {s.context_parallel} to a sequence" if s.context_parallel > 1 else "")
-             + (f", {s.tensor_parallel} to a layer" if s.tensor_parallel > 1 else ""),
+             + (f", {s.tensor_parallel} to a layer" if s.tensor_parallel > 1 else "")
+             + (f", experts split {s.expert_parallel} ways" if s.expert_parallel > 1 else ""),
              _row(f"{unit[0]} per device", [*PHASES, "host"])]
     for device in p.devices:  # with a rollout pool of its own: its devices' after the others'
         for c in (c for c in p.components if c.device == device):

@@ -8,7 +8,10 @@ data-parallel ranks instead of copied on each.
 With a two-dimensional mesh named ("shard", "tp") each unit is first split by tensor
 parallelism over "tp" (`rl_core.engines.tensor`: the ranks of a "tp" block hold the same rows)
 and then sharded over "shard"; parameters are then DTensors over both dimensions, and a
-sharded checkpoint written on one layout loads on another.
+sharded checkpoint written on one layout loads on another. With a mesh named ("edp", "ep") the
+experts of a mixture of experts are split over "ep" and each share sharded over "edp"
+(`rl_core.engines.experts`); every other weight is sharded over all the ranks, which all hold
+rows of their own.
 
 Give the model on the host (CPU): `fully_shard` moves each unit to the mesh's device as it shards
 it, so the full model never sits on the device in float32. `fully_shard` wraps each decoder layer (`model.model.layers`, as Hugging Face decoders lay them
@@ -47,6 +50,7 @@ def shard_model(model: torch.nn.Module, mesh: Any, param_dtype: str = "float32",
     over its "shard" dimension."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
+    from rl_core.engines.experts import EDP_DIM, EP_DIM, expert_modules, shard_experts
     from rl_core.engines.tensor import TP_DIM, parallelize
 
     policy = MixedPrecisionPolicy(param_dtype=PARAM_DTYPES[param_dtype], reduce_dtype=torch.float32)
@@ -55,12 +59,21 @@ def shard_model(model: torch.nn.Module, mesh: Any, param_dtype: str = "float32",
     units = [*decoder_layers(model), model]  # the root last: it takes what the layers leave
     shard_mesh = _shard_mesh(mesh)
 
-    def shard(unit: torch.nn.Module) -> None:
-        fully_shard(unit, mesh=shard_mesh, mp_policy=policy,
+    def shard(unit: torch.nn.Module, over: Any = shard_mesh) -> None:
+        fully_shard(unit, mesh=over, mp_policy=policy,
                     reshard_after_forward=reshard_after_forward, **extra)
 
-    if shard_mesh is not mesh:  # tensor parallelism over the rest of the mesh
+    names = mesh.mesh_dim_names or ()
+    if TP_DIM in names:  # tensor parallelism over the rest of the mesh
         parallelize(model, mesh[TP_DIM], each=shard)
+    elif EP_DIM in names:  # experts split over "ep", each share sharded over "edp"
+        shard_experts(model, mesh[EP_DIM])
+        experts = expert_modules(model)
+        for unit in experts:
+            shard(unit, mesh[EDP_DIM])
+        for unit in units:
+            shard(unit)
+        units = experts + units
     else:
         for unit in units:
             shard(unit)
@@ -71,11 +84,17 @@ def shard_model(model: torch.nn.Module, mesh: Any, param_dtype: str = "float32",
 
 
 def _shard_mesh(mesh: Any) -> Any:
-    """The mesh FSDP2 shards over: `mesh`'s "shard" dimension beside tensor parallelism, or
-    all of it."""
+    """The mesh FSDP2 shards over: `mesh`'s "shard" dimension beside tensor parallelism, all
+    its ranks beside expert parallelism (the experts' own shards aside), or all of it."""
+    from rl_core.engines.experts import EP_DIM
     from rl_core.engines.tensor import SHARD_DIM, TP_DIM
 
-    return mesh[SHARD_DIM] if TP_DIM in (mesh.mesh_dim_names or ()) else mesh
+    names = mesh.mesh_dim_names or ()
+    if TP_DIM in names:
+        return mesh[SHARD_DIM]
+    if EP_DIM in names:
+        return mesh._flatten("dp")  # the same mesh on every call
+    return mesh
 
 
 class FSDP2Engine:

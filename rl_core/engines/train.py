@@ -71,6 +71,7 @@ plain engine's all-reduce; FSDP2 shards over the data- and context-parallel rank
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -86,9 +87,10 @@ from rl_core.collectives import all_reduce, reduce_numbers
 from rl_core.engines.balance import token_micro_batches
 from rl_core.engines.base import LossFn, WeightBucket
 from rl_core.engines.context import context_parallel, gather_shards
+from rl_core.engines.experts import RouterRecorder
 from rl_core.engines.packing import Packed, attention_of, pack, prepare_packing
 from rl_core.engines.tensor import is_vocab_parallel, vocab_parallel_logprobs
-from rl_core.errors import NonFiniteError
+from rl_core.errors import InputError, NonFiniteError
 
 if TYPE_CHECKING:
     from rl_core.spec import ActorConfig
@@ -287,6 +289,7 @@ class TrainEngine:
         sharded: bool = False,
         offload_optimizer: bool = False,
         master_weights: bool = True,
+        router_aux_loss_coef: float | None = 0.0,
     ) -> None:
         """`micro_batch_size` (rows), `max_token_len` (valid tokens per micro-batch: dynamic
         batch size, which then overrides every row count) and `loss_agg_mode` are defaults for
@@ -301,7 +304,11 @@ class TrainEngine:
         itself (see `rl_core.engines.fsdp`). `offload_optimizer`: AdamW's moments wait in host
         memory and come to the device for each optimizer step only (nothing moves on cpu).
         `master_weights`: with a `param_dtype` below float32, step float32 master copies (see
-        the module docstring); a sharded model's parameters are float32 already."""
+        the module docstring); a sharded model's parameters are float32 already.
+        `router_aux_loss_coef`: of a mixture of experts, the weight of the routers'
+        load-balancing loss added to each micro-batch's loss in `train_step`, whose metrics
+        then include the router's (`rl_core.engines.experts`); None: the model config's
+        `router_aux_loss_coef` (0 where it has none)."""
         if param_dtype not in PARAM_DTYPES:
             raise ValueError(
                 f"param_dtype {param_dtype!r} is not supported; use float32 or bfloat16 "
@@ -328,6 +335,18 @@ class TrainEngine:
         self.dp_group, self.cp_group, self.metric_prefix = dp_group, cp_group, metric_prefix
         self.cp_algorithm = cp_algorithm
         self.head = head or LogProbHead()
+        self.router = RouterRecorder.attach(self.model)
+        if self.router is not None and cp_group is not None:
+            raise InputError("parallel.context_parallel_size: context parallelism is not "
+                             "supported for a mixture of experts (its balancing loss is "
+                             "taken over whole micro-batches); set it to 1")
+        if router_aux_loss_coef and self.router is None:
+            raise InputError("actor.router_aux_loss_coef: the model is not a mixture of "
+                             "experts with routers to balance; leave it unset")
+        if router_aux_loss_coef is None:
+            router_aux_loss_coef = float(getattr(model.config, "router_aux_loss_coef", 0.0)
+                                         or 0.0) if self.router is not None else 0.0
+        self.router_aux_loss_coef = router_aux_loss_coef
         self.sharded = sharded
         self.offload_optimizer = offload_optimizer
         self.params = [p for p in self.model.parameters() if p.requires_grad]
@@ -422,21 +441,31 @@ class TrainEngine:
                           position_ids.to(self.device), response_len,
                           attention=attention_of(self.model), dtype=self.dtype, multiple_of=size)
             if self.cp_group is None:
-                values, extra = self.head.packed(self.model, packed, temperature, with_entropy)
+                with self._routing(None):  # every packed token is valid
+                    values, extra = self.head.packed(self.model, packed, temperature,
+                                                     with_entropy)
             else:
                 values, extra = self._context_parallel(packed, size, temperature, with_entropy)
             return packed.unpack(values), (packed.unpack(extra) if extra is not None else None)
         left, right = extents.window(rows, width, response_len) if self.trim_padding else (0, 0)
         cols = slice(left, width - right)
         keep = response_len - right  # response columns computed
-        logprobs, entropy = self.head(
-            self.model, input_ids[:, cols].to(self.device),
-            attention_mask[:, cols].to(self.device), position_ids[:, cols].to(self.device),
-            keep, temperature, with_entropy)
+        mask = attention_mask[:, cols].to(self.device)
+        with self._routing(mask):
+            logprobs, entropy = self.head(
+                self.model, input_ids[:, cols].to(self.device), mask,
+                position_ids[:, cols].to(self.device), keep, temperature, with_entropy)
         if right:
             logprobs = F.pad(logprobs, (0, right))
             entropy = F.pad(entropy, (0, right)) if entropy is not None else None
         return logprobs, entropy
+
+    def _routing(self, mask: torch.Tensor | None) -> Any:
+        """Record the routers in a `train_step`'s forward (`mask`: the model input's valid
+        tokens; None: all); nothing elsewhere."""
+        if self.router is None or not torch.is_grad_enabled() or not self.model.training:
+            return contextlib.nullcontext()
+        return self.router.recording(mask)
 
     def _context_parallel(self, packed: Packed, size: int, temperature: float,
                           with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -540,10 +569,15 @@ class TrainEngine:
                     response_mask.shape[1], temperature, with_entropy, extents, rows,
                     _take(batch["attention_mask"], rows),
                 )
+                routed = self.router.take() if self.router is not None else None
                 if padding:  # every parameter's gradient reduction takes part, adding nothing
-                    (logprobs.sum() * 0.0).backward()
+                    (logprobs.sum() * 0.0 + (routed[0] * 0.0 if routed else 0.0)).backward()
                     continue
                 loss, metrics = loss_fn(micro, logprobs, entropy)
+                if routed is not None:  # a mixture of experts: balance its routers
+                    loss = loss + self.router_aux_loss_coef * routed[0]
+                    metrics = {**metrics, **{f"{self.metric_prefix}{name}": value
+                                             for name, value in routed[1].items()}}
                 (loss * share).backward()
                 loss_sum += loss.detach().float() * share
                 for name, value in metrics.items():
@@ -627,14 +661,29 @@ class TrainEngine:
         return metrics
 
     def _clip_grad_norm(self) -> torch.Tensor:
-        """The global gradient norm before clipping; grads clipped to `grad_clip` unless 0."""
+        """The global gradient norm before clipping; grads clipped to `grad_clip` unless 0.
+        Sharded gradients on several meshes (the experts' beside the rest): each mesh's norm
+        in full, then their root sum of squares."""
         grads = [p.grad for p in self.stepped if p.grad is not None]
         if not grads:
             return torch.zeros((), device=self.device)
-        norm = torch.nn.utils.get_total_norm(grads, foreach=True)
-        if self.grad_clip > 0:  # a non-finite norm spoils the grads, but then nothing steps
-            torch.nn.utils.clip_grads_with_norm_(self.stepped, self.grad_clip, norm, foreach=True)
-        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # sharded: a DTensor
+        groups: dict[Any, list[torch.Tensor]] = {}
+        for grad in grads:
+            groups.setdefault(getattr(grad, "device_mesh", None), []).append(grad)
+        if len(groups) == 1:
+            norm = torch.nn.utils.get_total_norm(grads, foreach=True)
+            if self.grad_clip > 0:  # a non-finite norm spoils the grads, but then nothing steps
+                torch.nn.utils.clip_grads_with_norm_(self.stepped, self.grad_clip, norm,
+                                                     foreach=True)
+            return norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # a DTensor
+        norms = [torch.nn.utils.get_total_norm(group, foreach=True) for group in groups.values()]
+        norm = torch.stack([n.full_tensor() if hasattr(n, "full_tensor") else n
+                            for n in norms]).norm()
+        if self.grad_clip > 0:
+            scale = (self.grad_clip / (norm + 1e-6)).clamp(max=1.0)
+            torch._foreach_mul_([g.to_local() if hasattr(g, "to_local") else g for g in grads],
+                                scale)
+        return norm
 
     # ----------------------------------------------------------------------- weights, memory
 
@@ -737,6 +786,7 @@ def engine_options(actor: ActorConfig, total_steps: int) -> dict[str, Any]:
         "loss_agg_mode": actor.loss_agg_mode,
         "offload_optimizer": actor.offload.optimizer,
         "master_weights": actor.master_weights,
+        "router_aux_loss_coef": actor.router_aux_loss_coef,
         **batch_options(actor),
     }
 

@@ -3,11 +3,18 @@
 Sizes are chosen so that a model learns short arithmetic on a couple of CPU cores (parameters
 with the 263-token byte vocabulary, input and output embeddings tied):
 
-| size  | hidden | layers | heads (kv) | intermediate | positions | parameters |
-| ----- | ------ | ------ | ---------- | ------------ | --------- | ---------- |
-| nano  | 32     | 2      | 4 (2)      | 64           | 256       | 27,136     |
-| small | 128    | 4      | 4 (2)      | 512          | 512       | 1,018,880  |
-| base  | 256    | 6      | 8 (4)      | 1024         | 1024      | 5,971,968  |
+| size     | hidden | layers | heads (kv) | intermediate   | positions | parameters (active) |
+| -------- | ------ | ------ | ---------- | -------------- | --------- | ------------------- |
+| nano     | 32     | 2      | 4 (2)      | 64             | 256       | 27,136              |
+| small    | 128    | 4      | 4 (2)      | 512            | 512       | 1,018,880           |
+| base     | 256    | 6      | 8 (4)      | 1024           | 1024      | 5,971,968           |
+| moe-nano | 32     | 2      | 4 (2)      | 4 × 32, top 2  | 256       | 39,584 (27,296)     |
+| moe      | 128    | 4      | 4 (2)      | 8 × 256, top 2 | 512       | 3,381,504 (1,022,208) |
+
+The `moe` sizes are mixtures of experts of the Qwen3-MoE shape (`Qwen3MoeForCausalLM`: every
+layer's MLP is `num_experts` SwiGLU experts of width `moe_intermediate_size`, a linear router
+picking `num_experts_per_tok` of them a token, their weights renormalised; per-head q/k norms);
+`moe` matches `small`'s active width (two experts of 256 = one MLP of 512).
 
 `nano` is for unit tests (a forward pass takes microseconds); `small` is the default CPU model
 for learning runs (supervised on 2-digit addition in the chat template, batch 64, AdamW at 2e-3,
@@ -23,7 +30,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class TinySize:
-    """Shape of a tiny Qwen2 model; field names are those of `transformers.Qwen2Config`."""
+    """Shape of a tiny Qwen2 model, or with `num_experts` a Qwen3-MoE one; field names are those
+    of `transformers.Qwen2Config` and `Qwen3MoeConfig`."""
 
     hidden_size: int
     num_hidden_layers: int
@@ -31,6 +39,21 @@ class TinySize:
     num_key_value_heads: int
     intermediate_size: int
     max_position_embeddings: int
+    num_experts: int = 0  # 0: a dense model
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    def dense_fields(self) -> dict[str, int]:
+        """The fields of a dense shape (a MoE shape's without its expert fields when dense)."""
+        fields = dataclasses.asdict(self)
+        if not self.is_moe:
+            for name in MOE_FIELDS:
+                del fields[name]
+        return fields
 
     def replace(self, **overrides: int | None) -> TinySize:
         """A copy with the non-None `overrides` applied and checked (ValueError on a bad shape)."""
@@ -48,8 +71,12 @@ class TinySize:
         """Raise ValueError naming the first field that makes this shape unbuildable."""
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
-            if not isinstance(value, int) or value <= 0:
+            least = 0 if field.name in MOE_FIELDS and not self.is_moe else 1
+            if not isinstance(value, int) or value < least:
                 raise ValueError(f"{field.name} must be a positive integer, got {value!r}")
+        if self.num_experts_per_tok > self.num_experts:
+            raise ValueError(f"num_experts_per_tok {self.num_experts_per_tok} is more than "
+                             f"num_experts {self.num_experts}")
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(
                 f"hidden_size {self.hidden_size} is not divisible by "
@@ -67,10 +94,16 @@ class TinySize:
             )
 
 
+MOE_FIELDS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size")
+
 TINY_SIZES: dict[str, TinySize] = {
     "nano": TinySize(32, 2, 4, 2, 64, 256),
     "small": TinySize(128, 4, 4, 2, 512, 512),
     "base": TinySize(256, 6, 8, 4, 1024, 1024),
+    "moe-nano": TinySize(32, 2, 4, 2, 64, 256, num_experts=4, num_experts_per_tok=2,
+                         moe_intermediate_size=32),
+    "moe": TinySize(128, 4, 4, 2, 512, 512, num_experts=8, num_experts_per_tok=2,
+                    moe_intermediate_size=256),
 }
 
 TINY_PREFIX = "tiny:"
@@ -93,6 +126,9 @@ WARM_BASES: dict[str, WarmBase] = {
         "small", "tiny:small after a short SFT on two-digit addition in the chat format, "
         "stopped when it first gets 40 % of the validation problems right (a few hundred "
         "steps, about a minute on 2 CPU cores, made once): right about half the time"),
+    "moe-addition": WarmBase(
+        "moe", "tiny:moe (a mixture of 8 experts, 2 a token) after the same SFT on two-digit "
+        "addition, stopped at 40 % of the validation problems right (made once)"),
 }
 
 

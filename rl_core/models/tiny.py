@@ -30,6 +30,8 @@ from transformers import (
     Qwen2Config,
     Qwen2ForCausalLM,
     Qwen2ForSequenceClassification,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
 )
 from transformers.utils import logging as hf_logging
 
@@ -49,24 +51,32 @@ ROPE_THETA = 10000.0
 CACHE_ENV = "ASCENT_CACHE_DIR"
 
 
-def tiny_config(size: str | TinySize = "small", **overrides: int | None) -> Qwen2Config:
-    """The Qwen2Config of a tiny model: a preset (or TinySize) with optional shape overrides."""
+def tiny_config(size: str | TinySize = "small",
+                **overrides: int | None) -> Qwen2Config | Qwen3MoeConfig:
+    """The config of a tiny model: a preset (or TinySize) with optional shape overrides; a
+    Qwen2Config, or a Qwen3MoeConfig for a shape with experts (every layer a sparse MLP, the
+    top-k router's weights renormalised, the load-balancing coefficient of Qwen3-MoE)."""
     shape = get_size(size).replace(**overrides)
-    return Qwen2Config(
-        **dataclasses.asdict(shape),
+    common = dict(
         vocab_size=len(VOCAB),  # exactly the tokenizer: no unused logits to sample
         tie_word_embeddings=True,
         rope_parameters={"rope_type": "default", "rope_theta": ROPE_THETA},
         bos_token_id=None,
         eos_token_id=VOCAB.index(EOS_TOKEN),
         pad_token_id=VOCAB.index(PAD_TOKEN),
-        architectures=["Qwen2ForCausalLM"],
     )
+    if shape.is_moe:
+        return Qwen3MoeConfig(
+            **dataclasses.asdict(shape), **common,
+            head_dim=shape.hidden_size // shape.num_attention_heads,
+            norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
+            router_aux_loss_coef=0.001, architectures=["Qwen3MoeForCausalLM"])
+    return Qwen2Config(**shape.dense_fields(), **common, architectures=["Qwen2ForCausalLM"])
 
 
 def build_tiny(
     size: str | TinySize = "small", seed: int = 0, **overrides: int | None
-) -> tuple[Qwen2ForCausalLM, PreTrainedTokenizerFast]:
+) -> tuple[Qwen2ForCausalLM | Qwen3MoeForCausalLM, PreTrainedTokenizerFast]:
     """A freshly initialised tiny model (float32, eval mode) and its tokenizer.
 
     The same size, overrides and seed give the same weights; the global RNG is left untouched.
@@ -74,7 +84,8 @@ def build_tiny(
     config = tiny_config(size, **overrides)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config)
+        model = (Qwen3MoeForCausalLM if isinstance(config, Qwen3MoeConfig)
+                 else Qwen2ForCausalLM)(config)
     model.generation_config = _generation_config(config)
     tokenizer = build_tiny_tokenizer(config.max_position_embeddings)
     return model.eval(), tokenizer
@@ -91,6 +102,22 @@ def _generation_config(config: Qwen2Config) -> GenerationConfig:
 def count_parameters(model: torch.nn.Module) -> int:
     """Distinct parameters (tied input/output embeddings counted once)."""
     return sum(p.numel() for p in model.parameters())
+
+
+def count_active_parameters(model: torch.nn.Module) -> int:
+    """The parameters one token computes with: of a mixture of experts, only the
+    `num_experts_per_tok` experts its router picks (as `count_parameters` for a dense model)."""
+    config = model.config
+    experts = getattr(config, "num_experts", 0) or 0
+    if not experts:
+        return count_parameters(model)
+    idle = 0
+    for module in model.modules():
+        if hasattr(module, "gate_up_proj") and hasattr(module, "down_proj") \
+                and isinstance(module.down_proj, torch.nn.Parameter):
+            per_expert = (module.gate_up_proj.numel() + module.down_proj.numel()) // experts
+            idle += per_expert * (experts - config.num_experts_per_tok)
+    return count_parameters(model) - idle
 
 
 def save_tiny(
@@ -211,7 +238,7 @@ def tiny_cache_key(size: str, seed: int = 0) -> str:
     reuses a stale build."""
     recipe = {
         "format": TINY_FORMAT,
-        "shape": dataclasses.asdict(get_size(size)),
+        "shape": get_size(size).dense_fields(),
         "rope_theta": ROPE_THETA,
         "vocab": VOCAB,
         "chat_template": CHAT_TEMPLATE,

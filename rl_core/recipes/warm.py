@@ -56,10 +56,12 @@ RECIPES: dict[str, dict[str, Any]] = {
                     "logger": []},
     },
 }
+# the mixture of experts learns from the same SFT (its balancing loss at Qwen3-MoE's weight)
+RECIPES["moe-addition"] = {**RECIPES["small-addition"], "model": {"path": "tiny:moe"}}
 # The validation accuracy at which each SFT stops (at most its recipe's total_steps). The check
 # reads the validation problems the demo run validates on too: a stopping rule on one number,
 # not training on them.
-STOP_AT: dict[str, float] = {"small-addition": 0.40}
+STOP_AT: dict[str, float] = {"small-addition": 0.40, "moe-addition": 0.40}
 HF_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
             "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
 

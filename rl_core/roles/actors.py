@@ -37,15 +37,16 @@ from rl_core.data.prompts import decode_rows
 from rl_core.determinism import seed_everything
 from rl_core.engines import training_engine
 from rl_core.engines.context import check_heads
+from rl_core.engines.experts import num_experts
 from rl_core.engines.tensor import check_tensor_parallel
 from rl_core.engines.train import PARAM_DTYPES, TrainEngine, ValueHead, batch_options
-from rl_core.errors import NonFiniteError, TrainingStopped
+from rl_core.errors import InputError, NonFiniteError, TrainingStopped
 from rl_core.models.loading import load_model_and_tokenizer
 from rl_core.roles.group import Worker
 from rl_core.rollout import rollout_engine, with_resolved_engine
 from rl_core.rollout.parts import is_split, split_layers
 from rl_core.rollout.sampling import SamplingParams, draw_uniforms
-from rl_core.spec import RunSpec
+from rl_core.spec import RunSpec, model_violations
 
 log = logging.getLogger("rl_core")
 
@@ -68,17 +69,23 @@ def role_backend(spec: RunSpec) -> str:
 
 
 def role_mesh(role: Any):
-    """The device mesh of a role's sharded engine: its ranks, split by tensor parallelism."""
+    """The device mesh of a role's sharded engine: its ranks, split by tensor or expert
+    parallelism."""
     from rl_core import device as devices
 
-    return devices.device_mesh(role.device, role.world_size, role.tensor_parallel)
+    return devices.device_mesh(role.device, role.world_size, role.tensor_parallel,
+                               role.expert_parallel)
 
 
 def join_layout(role: Any, spec: RunSpec, model: Any) -> None:
-    """Set a role's context- and tensor-parallel sizes from `spec`, refusing (naming the field)
-    a model whose heads or widths the groups cannot share."""
+    """Set a role's context-, tensor- and expert-parallel sizes from `spec`, refusing (naming
+    the field) a model whose heads, widths or experts the groups cannot share."""
     p = spec.parallel
     role.context_parallel, role.tensor_parallel = p.context_parallel_size, p.tensor_parallel_size
+    role.expert_parallel = p.expert_parallel_size
+    for field, message in model_violations(spec, num_experts(model.config),
+                                           getattr(model.config, "model_type", "")):
+        raise InputError(f"{field}: {message}")
     check_tensor_parallel(model.config, role.tensor_parallel)
     check_heads(model.config, role.context_parallel, p.context_parallel_algo,
                 tensor=role.tensor_parallel)

@@ -50,6 +50,8 @@ class Worker:
         # (`cp_group`: the block's ranks at one tensor-parallel index); then `dp_group` holds
         # the ranks with different rows
         self.context_parallel, self.tensor_parallel, self.cp_group = 1, 1, None
+        # expert parallelism: blocks of this many ranks split the experts (rows their own)
+        self.expert_parallel = 1
         # rollout groups (the actor's): blocks of this many consecutive ranks generate together
         self.rollout_parallel, self.rollout_group = 1, None
         self.stage_peaks: dict[str, float] = {}  # stage -> peak bytes (see `measured`)
@@ -123,7 +125,8 @@ class Worker:
                 "data_parallel": size(self.dp_group), "context_parallel": size(self.cp_group),
                 "tensor_parallel": self.tensor_parallel, "rollout_parallel": self.rollout_parallel,
                 "engine_context_parallel": size(getattr(inner, "cp_group", None)),
-                "engine_tensor_parallel": mesh["tp"].size() if "tp" in names else 1}
+                "engine_tensor_parallel": mesh["tp"].size() if "tp" in names else 1,
+                "engine_expert_parallel": mesh["ep"].size() if "ep" in names else 1}
 
     def ping(self) -> int:
         """The process id: proves the rank is up (and lets tests kill it)."""

@@ -90,6 +90,7 @@ from rl_core.spec.presets import PRESETS
 from rl_core.spec.rules import (
     NOT_IMPLEMENTED,
     RULES,
+    model_violations,
     not_implemented_note,
     planned_engine,
     refusals,
@@ -184,6 +185,7 @@ __all__ = [
     "override_refusal",
     "parse_spec_yaml",
     "plain_text_problem",
+    "model_violations",
     "planned_engine",
     "refusals",
     "resolve_spec",

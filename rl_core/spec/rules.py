@@ -470,6 +470,74 @@ def _rule_tensor_parallel(s: RunSpec) -> Iterator[Violation]:
                f"trains: set actor.strategy: fsdp2, or tensor_parallel_size: 1")
 
 
+def _rule_expert_parallel(s: RunSpec) -> Iterator[Violation]:
+    """Expert parallelism splits the experts as DTensors under FSDP2 (`actor.strategy:
+    fsdp2`), over blocks of data-parallel devices (the data-parallel size divides by it), not
+    beside tensor or context parallelism. Whether the model has experts, and how many, is
+    checked when it loads."""
+    p = s.parallel
+    size = p.expert_parallel_size
+    if size == 1:
+        return
+    if s.actor.strategy != "fsdp2":
+        yield ("parallel.expert_parallel_size",
+               f"{size} splits the experts over {size} devices as FSDP2 shards: set "
+               "actor.strategy: fsdp2, or expert_parallel_size: 1")
+    for other in ("tensor_parallel_size", "context_parallel_size", "pipeline_parallel_size"):
+        if getattr(p, other) > 1:
+            yield ("parallel.expert_parallel_size",
+                   f"{size} together with parallel.{other} {getattr(p, other)} is not "
+                   f"supported: set one of them to 1")
+            return
+    world = s.training_devices
+    if world >= 1 and world % size:
+        yield ("parallel.expert_parallel_size",
+               f"{size} does not divide the {world} training devices, whose blocks of {size} "
+               f"split the experts: use a divisor of {world}")
+
+
+def model_violations(s: RunSpec, experts: int, model_type: str = "") -> list[Violation]:
+    """What a spec asks of its model that the model cannot give, once its number of routed
+    experts is known (0: dense; from its config.json or a tiny preset): expert parallelism and
+    the balancing loss need experts (as many as the expert-parallel size divides); a mixture of
+    experts trains without tensor and context parallelism, and generates without a native
+    rollout group (whose fast decoder splits dense layers only)."""
+    p, out = s.parallel, []
+    what = f" ({model_type})" if model_type else ""
+    if p.expert_parallel_size > 1 and not experts:
+        out.append(("parallel.expert_parallel_size",
+                    f"{p.expert_parallel_size}, but the model{what} is dense: expert "
+                    "parallelism splits a mixture of experts' experts; set it to 1"))
+    elif experts and experts % p.expert_parallel_size:
+        out.append(("parallel.expert_parallel_size",
+                    f"{p.expert_parallel_size} does not divide the model's {experts} experts "
+                    f"(each device holds an equal share of them): pick a divisor of {experts}"))
+    if s.actor.router_aux_loss_coef and not experts:
+        out.append(("actor.router_aux_loss_coef",
+                    f"{s.actor.router_aux_loss_coef}, but the model{what} is dense, with no "
+                    "routers to balance: leave it unset"))
+    if not experts:
+        return out
+    moe = f"a mixture of experts{what}"
+    for field, size in (("parallel.tensor_parallel_size", p.tensor_parallel_size),
+                        ("parallel.context_parallel_size", p.context_parallel_size)):
+        if size > 1:
+            out.append((field, f"{size} is not supported for {moe}: set it to 1 and split "
+                        "the experts with parallel.expert_parallel_size"))
+    if planned_engine(s) == "vllm":
+        auto = " (auto takes vLLM on gpu and npu)" if s.rollout.engine == "auto" else ""
+        out.append(("rollout.engine",
+                    f"{s.rollout.engine}{auto}: the sync of the trained weights into vLLM does "
+                    f"not cover {moe} yet (its loader does not take the experts' fused "
+                    "tensors): set rollout.engine: native"))
+    elif s.rollout.tensor_parallel_size > 1:
+        out.append(("rollout.tensor_parallel_size",
+                    f"{s.rollout.tensor_parallel_size}: the native engine's rollout groups "
+                    f"split dense layers only, and {moe} generates whole on each device: set "
+                    "it to 1"))
+    return out
+
+
 def _rule_rollout_parallel(s: RunSpec) -> Iterator[Violation]:
     """A rollout group of the native engine splits the rollout's own copy of the layers: it
     needs `actor.strategy: fsdp2` (the plain engine's rollout reads the training model itself);
@@ -567,6 +635,7 @@ RULES: tuple[Callable[[RunSpec], Iterator[Violation]], ...] = (
     _rule_master_weights,
     _rule_context_parallel,
     _rule_tensor_parallel,
+    _rule_expert_parallel,
     _rule_rollout_parallel,
     _rule_rollout_engine,
     _rule_tools,

@@ -42,9 +42,13 @@ class ModelConfig(Strict):
     path: ModelLocation = Field(
         "tiny:small",
         min_length=1,
-        description="Hugging Face model folder, or `tiny:<size>` for the built-in tiny model "
-        "used by tests and CPU runs (nano, small, base), or `tiny:small-addition`: tiny:small "
-        "after a short SFT on two-digit addition, right about half the time (made on first use).",
+        description="Hugging Face causal-LM folder: a dense decoder (Qwen2/2.5/3, Llama, ...) or "
+        "a mixture of experts of the Qwen3-MoE kind (Qwen3-30B-A3B, ...; see "
+        "parallel.expert_parallel_size, actor.router_aux_loss_coef). Or `tiny:<size>` for a "
+        "built-in tiny model used by tests and CPU runs (dense: nano, small, base; mixtures of "
+        "experts: moe-nano, moe), or `tiny:small-addition` / `tiny:moe-addition`: tiny:small / "
+        "tiny:moe after a short SFT on two-digit addition, right about half the time (made on "
+        "first use).",
     )
     tokenizer_path: ModelLocation | None = Field(
         None, description="Tokenizer folder; null uses `model.path`."
@@ -228,6 +232,13 @@ class ActorConfig(Strict):
         "rollout keeps a full copy synced after every update; the critic is sharded the same "
         "way and the reference without optimizer state; checkpoints are sharded with "
         "torch.distributed.checkpoint).",
+    )
+    router_aux_loss_coef: float | None = Field(
+        None, ge=0, le=1,
+        description="A mixture of experts: the weight of the routers' load-balancing loss "
+        "(Switch Transformer's, over each micro-batch's valid tokens and all MoE layers) added "
+        "to the actor's loss; null takes the model config's (0.001 for Qwen3-MoE), 0 turns it "
+        "off. Refused for a dense model.",
     )
     master_weights: bool = Field(
         True,
@@ -490,6 +501,16 @@ class ParallelConfig(Strict):
     )
     pipeline_parallel_size: int = Field(
         1, gt=0, le=MAX_PARALLEL, description="Training pipeline-parallel size.")
+    expert_parallel_size: int = Field(
+        1,
+        gt=0,
+        le=MAX_PARALLEL,
+        description="Expert-parallel size (a mixture of experts, with actor.strategy: fsdp2): "
+        "blocks of this many devices split every layer's experts, each device holding 1/size "
+        "of them; tokens go to their experts' devices and back by all-to-all. The devices keep "
+        "their own rows (it divides the data-parallel devices, not the others); the number of "
+        "experts must divide by it.",
+    )
     context_parallel_size: int = Field(
         1,
         gt=0,

@@ -136,9 +136,45 @@ def test_an_unknown_unreadable_model_is_an_input_error_naming_model_path():
         mp.shape_of(small_spec(model={"path": "/nowhere/my-finetune"}))
 
 
-def test_a_mixture_of_experts_config_is_refused():
-    with pytest.raises(InputError, match="mixture-of-experts"):
-        mp.shape_from_config({"hidden_size": 8, "num_experts": 128}, "model.path: x")
+def test_a_mixture_of_experts_with_shared_experts_is_refused():
+    with pytest.raises(InputError, match="shared experts or dense layers"):
+        mp.shape_from_config({"hidden_size": 8, "num_experts": 128, "moe_intermediate_size": 4,
+                              "shared_expert_intermediate_size": 8}, "model.path: x")
+    with pytest.raises(InputError, match="model.path: x: a mixture of experts"):
+        mp.shape_from_config({"hidden_size": 8, "n_routed_experts": 256,
+                              "first_k_dense_replace": 3}, "model.path: x")
+
+
+def test_a_qwen3_moe_config_counts_its_experts_and_its_active_parameters(tmp_path):
+    """The shape read from a tiny Qwen3-MoE folder's config.json counts what transformers
+    builds; the known Qwen3 MoE models count their published sizes."""
+    from rl_core.models.tiny import build_tiny, count_active_parameters, count_parameters
+
+    model, _ = build_tiny("moe")
+    shape = mp.shape_from_config(model.config.to_dict())
+    assert (shape.parameters, shape.active_parameters) == (count_parameters(model),
+                                                          count_active_parameters(model))
+    assert mp.tiny_shape("moe").parameters == shape.parameters
+    big = mp.KNOWN_SHAPES["Qwen/Qwen3-30B-A3B"]
+    assert round(big.parameters / 1e9, 1) == 30.5 and round(big.active_parameters / 1e9, 1) == 3.4
+    huge = mp.KNOWN_SHAPES["Qwen/Qwen3-235B-A22B"]
+    assert round(huge.parameters / 1e9) == 235 and round(huge.active_parameters / 1e9) == 22
+
+
+def test_expert_parallelism_gathers_a_share_of_each_layers_experts():
+    sections = {"model": {"path": "tiny:moe"}, "actor": {"strategy": "fsdp2"},
+                "resources": {"devices_per_node": 4},
+                "data": {"synthetic": {"task": "addition"}, "train_batch_size": 8}}
+    whole = mp.plan(small_spec(**sections))
+    parted = mp.plan(small_spec(**sections, parallel={"expert_parallel_size": 4}))
+    gathered = {p.setup.expert_parallel: next(c.bytes for c in p.components
+                                              if c.name == "actor gathered layers (log-probs)")
+                for p in (whole, parted)}
+    shape = mp.tiny_shape("moe")
+    assert gathered[1] - gathered[4] == 2 * shape.expert_parameters * 3 // 4 * 4  # float32
+    table = mp.format_table(parted)
+    assert "3.38M parameters (1.02M active)" in table and "experts split 4 ways" in table
+    assert parted.to_dict()["active_parameters"] == shape.active_parameters
 
 
 # --------------------------------------------------------------------------- components

@@ -34,7 +34,8 @@ def cache(tmp_path, monkeypatch):
 
 def test_presets_have_the_documented_parameter_counts():
     counts = {name: count_parameters(build_tiny(name)[0]) for name in TINY_SIZES}
-    assert counts == {"nano": 27_136, "small": 1_018_880, "base": 5_971_968}
+    assert counts == {"nano": 27_136, "small": 1_018_880, "base": 5_971_968,
+                      "moe-nano": 39_584, "moe": 3_381_504}
 
 
 def test_config_is_qwen2_with_the_tokenizer_vocab_and_ids():
@@ -72,7 +73,8 @@ def test_unknown_sizes_list_the_presets():
     with pytest.raises(ValueError, match="nano, small, base"):
         build_tiny("huge")
     with pytest.raises(ValueError, match="tiny:huge: unknown tiny model 'huge'; choose one of "
-                                         "tiny:nano, tiny:small, tiny:base, tiny:small-addition"):
+                                         "tiny:nano, tiny:small, tiny:base, tiny:moe-nano, "
+                                         "tiny:moe, tiny:small-addition, tiny:moe-addition"):
         parse_tiny_path("tiny:huge")
     assert parse_tiny_path("tiny:small-addition") == "small-addition"
     assert parse_tiny_path("/models/tiny:x") is None
