@@ -36,7 +36,7 @@ from rl_core.checkpoint import (
     save_checkpoint,
 )
 from rl_core.data import channel as channels
-from rl_core.data.batch import SEQUENCE_COLUMNS, Batch
+from rl_core.data.batch import SEQUENCE_COLUMNS, Batch, sequence_columns
 from rl_core.data.loader import ResumableLoader
 from rl_core.data.partial import PartialRollouts, StepCounts, contexts, rollout_batch
 from rl_core.data.prompts import Prompts, tokenize_prompts
@@ -49,13 +49,15 @@ from rl_core.rollout.ahead import BUSY_COLUMN
 from rl_core.rollout.sampling import SamplingParams
 from rl_core.models.loading import (
     check_model_folder,
+    is_vision_language,
+    load_image_processor,
     load_tokenizer,
     resolve_model_path,
 )
 from rl_core.precision import PrecisionPlan, StageDumper
 from rl_core.profiling import ProfilePlan
 from rl_core.roles.group import collect
-from rl_core.spec import RunSpec
+from rl_core.spec import RunSpec, has_images
 from rl_core.tracking import Timer, Tracker, log_tool_files, make_tracker, memory_metrics
 
 log = logging.getLogger("rl_core")
@@ -152,8 +154,13 @@ class Controller:
         """The training prompts and the validation prompts (None without validation data)."""
         spec = self.spec
         train_records, val_records = load_prompt_data(spec, cache_dir=self.output_dir / "data")
-        train = tokenize_prompts(train_records, spec, self.tokenizer, "training")
-        val = tokenize_prompts(val_records, spec, self.tokenizer, "validation") if val_records else None
+        images = None
+        if has_images(spec):  # a vision-language model's prompts: its image processor
+            images = load_image_processor(self.model_path, spec.model.trust_remote_code) \
+                if is_vision_language(self.model_path) else None
+        train = tokenize_prompts(train_records, spec, self.tokenizer, "training", images)
+        val = tokenize_prompts(val_records, spec, self.tokenizer, "validation", images) \
+            if val_records else None
         return train, val
 
     def start(self, items: int, *, reference: bool, tracker: Tracker | None = None
@@ -482,8 +489,8 @@ class Controller:
             "reward": (self.roles.reward, ["response_ids", "response_lengths", "truth"],
                        ["score", *(f"reward_fn/{n}" for n in self.rewards.names)]),
             "rm_score": (self.roles.reward_model, list(SEQUENCE_COLUMNS), ["rm_score"]),
-            "ref_logprob": (self.roles.reference, list(SEQUENCE_COLUMNS), ["ref_logprobs"]),
-            "old_logprob": (self.roles.actor, list(SEQUENCE_COLUMNS), ["old_logprobs"]),
+            "ref_logprob": (self.roles.reference, sequence_columns(columns), ["ref_logprobs"]),
+            "old_logprob": (self.roles.actor, sequence_columns(columns), ["old_logprobs"]),
             "values": (self.roles.critic, list(SEQUENCE_COLUMNS), ["values"]),
         }
         # sharded (or context-parallel) roles' forwards are collectives: they cannot pull

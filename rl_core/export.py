@@ -27,7 +27,8 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str | None
     """Write the policy of `checkpoint` to `out` (a new or empty folder); returns what was done."""
     import torch
 
-    from rl_core.models.loading import DTYPES, check_model_folder, load_model, load_tokenizer
+    from rl_core.models.loading import (DTYPES, check_model_folder, copy_processor_files,
+                                        load_model, load_tokenizer)
 
     source, target = Path(checkpoint), Path(out)
     if dtype is not None and dtype not in DTYPES:
@@ -50,6 +51,7 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str | None
     with torch.no_grad():
         model.save_pretrained(staging, safe_serialization=True)
     tokenizer.save_pretrained(staging)
+    copy_processor_files(source, staging)
     if target.exists():
         target.rmdir()
     staging.rename(target)

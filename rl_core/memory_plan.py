@@ -126,7 +126,7 @@ from pathlib import Path
 from typing import Any
 
 from rl_core.errors import InputError
-from rl_core.models.presets import TINY_PREFIX, get_size  # torch-free
+from rl_core.models.presets import TINY_PREFIX, TINY_VISION, get_size  # torch-free
 from rl_core.spec import RunSpec, planned_engine
 
 GIB = 2**30
@@ -370,6 +370,7 @@ def shape_from_config(config: Mapping[str, Any], source: str = "config.json") ->
     An InputError naming `source` when a size is missing, or the model is a mixture of experts
     of another kind than Qwen3-MoE's (shared experts, dense layers between sparse ones).
     """
+    outer_type = config.get("model_type")  # a vision-language model's, not its text model's
     if "hidden_size" not in config and isinstance(config.get("text_config"), Mapping):
         config = config["text_config"]
     experts = int(config.get("num_experts") or config.get("num_local_experts")
@@ -387,7 +388,7 @@ def shape_from_config(config: Mapping[str, Any], source: str = "config.json") ->
     if missing:
         raise InputError(f"{source}: no {', '.join(missing)}: not a Llama/Qwen-style decoder "
                          "config; point model.path at a causal LM folder")
-    model_type = str(config.get("model_type", "llama"))
+    model_type = str(outer_type or config.get("model_type") or "llama")
     attention_bias = bool(config.get("attention_bias", False))  # Llama: q, k, v and o
     return ModelShape(
         hidden_size=int(config["hidden_size"]),
@@ -401,7 +402,7 @@ def shape_from_config(config: Mapping[str, Any], source: str = "config.json") ->
         tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
         max_position_embeddings=config.get("max_position_embeddings"),
         head_dim=config.get("head_dim"),
-        qkv_bias=model_type == "qwen2" or attention_bias,
+        qkv_bias=model_type in ("qwen2", "qwen2_5_vl") or attention_bias,
         o_bias=attention_bias,
         qk_norm=model_type.startswith("qwen3"),
         mlp_bias=bool(config.get("mlp_bias", False)),
@@ -415,6 +416,8 @@ def shape_from_config(config: Mapping[str, Any], source: str = "config.json") ->
 def tiny_shape(size: str) -> ModelShape:
     """The shape of the built-in `tiny:<size>` model (ValueError for an unknown size)."""
     preset = get_size(size)
+    if size in TINY_VISION:  # its text model's shape (the vision tower is not counted)
+        return dataclasses.replace(tiny_shape(TINY_VISION[size].text), model_type="qwen2_5_vl")
     if preset.is_moe:
         return ModelShape(preset.hidden_size, preset.intermediate_size, preset.num_hidden_layers,
                           preset.num_attention_heads, preset.num_key_value_heads,

@@ -44,6 +44,11 @@ ROLLOUT_COLUMNS = ("prompt_ids",        # (B, P) long, left-padded
                    "finished")          # (B,) bool: stopped on eos (False: cut at the limit)
 # What a training forward reads (`Batch.to_sequences`).
 SEQUENCE_COLUMNS = ("input_ids", "attention_mask", "position_ids", "response_mask")
+# A vision-language batch's images, each row's padded to the batch's largest: "pixel_values"
+# (B, patches, 3·2·14·14 for Qwen2.5-VL) and "image_grid_thw" (B, images, 3), a grid of zeros
+# where a row has fewer images (`image_columns`; `rl_core.models.vision.image_inputs` turns
+# them into the model's inputs).
+IMAGE_COLUMNS = ("pixel_values", "image_grid_thw")
 
 
 def shard_bounds(total: int, parts: int) -> list[tuple[int, int]]:
@@ -192,10 +197,62 @@ class Batch:
         return input_ids, attention_mask, torch.cat([prompt_positions, response_positions], 1)
 
     def with_sequences(self) -> Batch:
-        """The training columns (`SEQUENCE_COLUMNS`) of a rollout batch, as a new batch."""
+        """The training columns (`SEQUENCE_COLUMNS`, and a vision-language batch's
+        `IMAGE_COLUMNS`) of a rollout batch, as a new batch."""
         input_ids, attention_mask, position_ids = self.to_sequences()
         return Batch({"input_ids": input_ids, "attention_mask": attention_mask,
-                      "position_ids": position_ids, "response_mask": self.response_mask})
+                      "position_ids": position_ids, "response_mask": self.response_mask,
+                      **{name: self[name] for name in IMAGE_COLUMNS if name in self}})
+
+
+def sequence_columns(columns: Any) -> list[str]:
+    """What a training forward of these columns reads: `SEQUENCE_COLUMNS`, and the image
+    columns where there are images."""
+    return [*SEQUENCE_COLUMNS, *(name for name in IMAGE_COLUMNS if name in columns)]
+
+
+def images_of(columns: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The image columns (pixel_values, image_grid_thw) of rows, None without images."""
+    if "pixel_values" not in columns:
+        return None
+    return columns["pixel_values"], columns["image_grid_thw"]
+
+
+class PromptIds(list):
+    """A prompt's token ids carrying its images' model inputs for a vision-language model:
+    `image` has `pixel_values` (patches, dims) and `image_grid_thw` (images, 3) (an
+    `rl_core.models.vision.ImagePrompt`). Everywhere else it is the list of ids; pickled with
+    its image, so the ranks that generate from it get both."""
+
+    def __init__(self, ids: Sequence[int], image: Any) -> None:
+        super().__init__(ids)
+        self.image = image
+
+
+def image_columns(images: Sequence[Any | None]) -> dict[str, torch.Tensor]:
+    """The image columns of rows with these images (each with `pixel_values` and
+    `image_grid_thw`; None: a row without images)."""
+    real = [im for im in images if im is not None and im.pixel_values.numel()]
+    dims = real[0].pixel_values.shape[1] if real else 1
+    patches = max((im.pixel_values.shape[0] for im in real), default=1)
+    count = max((im.image_grid_thw.shape[0] for im in real), default=1)
+    pixels = torch.zeros(len(images), patches, dims, dtype=real[0].pixel_values.dtype
+                         if real else torch.float32)
+    grids = torch.zeros(len(images), count, 3, dtype=torch.long)
+    for row, image in enumerate(images):
+        if image is not None and image.pixel_values.numel():
+            pixels[row, :image.pixel_values.shape[0]] = image.pixel_values
+            grids[row, :image.image_grid_thw.shape[0]] = image.image_grid_thw
+    return {"pixel_values": pixels, "image_grid_thw": grids}
+
+
+def image_columns_of(prompts: Sequence[Sequence[int]]) -> dict[str, torch.Tensor] | None:
+    """The image columns of prompts some of which carry images (`PromptIds`); None when none
+    does."""
+    images = [getattr(prompt, "image", None) for prompt in prompts]
+    if all(image is None for image in images):
+        return None
+    return image_columns(images)
 
 
 def left_pad(

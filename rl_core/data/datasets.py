@@ -34,8 +34,10 @@ class PromptRecord:
     """One prompt with its reference answer.
 
     `prompt` is text, or chat messages (`[{"role": "user", "content": ...}]`). `extra` holds the
-    record's other top-level fields. `row` is the 1-based line number in a jsonl file (what an
-    editor shows) and the 0-based row index in a parquet file (what pyarrow takes).
+    record's other top-level fields. `images`: what its image field names (paths, bytes or
+    mappings; `rl_core.data.images` reads them). `row` is the 1-based line number in a jsonl
+    file (what an editor shows) and the 0-based row index in a parquet file (what pyarrow
+    takes).
     """
 
     prompt: str | Messages
@@ -43,6 +45,7 @@ class PromptRecord:
     extra: dict[str, Any] = field(default_factory=dict)
     source: str = ""
     row: int = 0
+    images: tuple[Any, ...] = ()
 
     @property
     def where(self) -> str:
@@ -239,6 +242,24 @@ def write_rows(rows: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
     return path
 
 
+def image_refs(value: Any) -> list[Any]:
+    """The images a record's image field names: one image (a path, bytes, or a mapping with
+    `bytes` or `path`) or a list of them (None or an empty list: none); TypeError for anything
+    else. `rl_core.data.images` reads them."""
+    if value is None:
+        return []
+    if isinstance(value, (str, bytes, bytearray, Mapping)):
+        return [value]
+    if isinstance(value, Sequence) or hasattr(value, "tolist"):  # a list, or a parquet array
+        items = value.tolist() if hasattr(value, "tolist") else list(value)
+        for item in items:
+            if not isinstance(item, (str, bytes, bytearray, Mapping)):
+                raise TypeError(f"an image must be a path, bytes or a mapping with 'bytes' or "
+                                f"'path', got {type(item).__name__}")
+        return items
+    raise TypeError(f"expected an image or a list of images, got {type(value).__name__}")
+
+
 # --------------------------------------------------------------------------- mapping
 
 
@@ -263,7 +284,13 @@ def _map_rows(
             except KeyError:
                 problems.missing_field(f"{key!r} ({role})", where, record)
                 continue
-            if role != "answer_key":
+            if role == "image_key":
+                try:
+                    value = tuple(image_refs(value))
+                except TypeError as exc:
+                    problems.bad_row(where, f"field {key!r} ({role}): {exc}")
+                    continue
+            elif role != "answer_key":
                 try:
                     value = _text_or_messages(value)
                 except TypeError as exc:
@@ -281,11 +308,13 @@ def _extra(record: Mapping[str, Any], keys: Iterable[str | None]) -> dict[str, A
 
 
 def load_prompts(
-    path: str | Path, *, prompt_key: str = "prompt", answer_key: str | None = "answer"
+    path: str | Path, *, prompt_key: str = "prompt", answer_key: str | None = "answer",
+    image_key: str | None = None,
 ) -> list[PromptRecord]:
     """The prompts of one jsonl or parquet file. `answer_key: None` reads prompts without a
-    reference answer (a model reward scores them)."""
-    keys = {"prompt_key": prompt_key, "answer_key": answer_key}
+    reference answer (a model reward scores them); `image_key`: the field naming each
+    prompt's images (one or a list; None: text only)."""
+    keys = {"prompt_key": prompt_key, "answer_key": answer_key, "image_key": image_key}
     return [
         PromptRecord(
             prompt=values["prompt_key"],
@@ -293,6 +322,7 @@ def load_prompts(
             extra=_extra(record, keys.values()),
             source=str(path),
             row=row,
+            images=values.get("image_key", ()),
         )
         for row, record, values in _map_rows(path, keys)
     ]

@@ -19,7 +19,7 @@ from rl_core.data.datasets import (
     load_pair_files,
     load_prompt_files,
 )
-from rl_core.data.synthetic import materialize_synthetic
+from rl_core.data.synthetic import IMAGE_FIELD, VISUAL_TASK, materialize_synthetic
 
 if TYPE_CHECKING:
     from rl_core.spec import RunSpec
@@ -42,9 +42,12 @@ def load_prompt_data(
     """Training and validation prompts of the spec (validation may be empty)."""
     train_files, val_files = data_files(spec, cache_dir)
     if spec.data.synthetic is not None:
-        keys = {"prompt_key": "prompt", "answer_key": "answer"}
+        visual = spec.data.synthetic.task == VISUAL_TASK
+        keys = {"prompt_key": "prompt", "answer_key": "answer",
+                "image_key": IMAGE_FIELD if visual else None}
     else:
-        keys = {"prompt_key": spec.data.prompt_key, "answer_key": spec.data.answer_key}
+        keys = {"prompt_key": spec.data.prompt_key, "answer_key": spec.data.answer_key,
+                "image_key": spec.data.image_key}
     val = load_prompt_files(val_files, **keys) if val_files else []
     return load_prompt_files(train_files, **keys), val
 

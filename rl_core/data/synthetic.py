@@ -9,6 +9,8 @@ Tasks (`TASKS`):
 - `countdown`: reach a target from `num_count` numbers with + - * / (each number used once):
   prompt "3,7,8,2->24:"; the answer is {"target": 24, "numbers": [3, 7, 8, 2]}, the record also
   carries one `solution`; `verify_countdown` is the exact checker.
+- `squares`: a picture and "How many squares are in the picture?" (`rl_core.data.visual`; the
+  records name their pictures, written beside the jsonl files by `write_synthetic`).
 
 Splits are drawn as one set of distinct problems (distinct up to the order of countdown numbers)
 and cut in two, so train and validation never share a problem. Everything is seeded.
@@ -34,7 +36,10 @@ from typing import Any
 
 from rl_core.data.datasets import DataError, write_rows
 
-TASKS = ("addition", "multiplication", "countdown")
+ARITHMETIC_TASKS = ("addition", "multiplication", "countdown")  # rows only (`generate`)
+VISUAL_TASK = "squares"  # counting squares in pictures (rl_core.data.visual): records with images
+TASKS = (*ARITHMETIC_TASKS, VISUAL_TASK)
+IMAGE_FIELD = "images"  # the records' image field of the visual task
 FORMATS = ("jsonl", "parquet")
 # Bump when a generator's output changes, so cached datasets are rebuilt.
 GENERATOR_VERSION = 1
@@ -210,7 +215,9 @@ def generate(task: str, count: int, seed: int, **knobs: Any) -> list[Row]:
         return arithmetic_problems("*", count, seed, **knobs)
     if task == "countdown":
         return countdown_problems(count, seed, **knobs)
-    raise DataError(f"unknown synthetic task {task!r}: choose one of {', '.join(TASKS)}")
+    raise DataError(f"unknown synthetic task {task!r}: choose one of "
+                    f"{', '.join(ARITHMETIC_TASKS)} (the pictures of {VISUAL_TASK!r} are written "
+                    "by write_synthetic)")
 
 
 def synthetic_splits(
@@ -235,9 +242,14 @@ def write_synthetic(
     fmt: str = "jsonl",
     **knobs: Any,
 ) -> tuple[Path, Path | None]:
-    """Write `out_dir/train.<fmt>` and, when num_val > 0, `out_dir/val.<fmt>`."""
+    """Write `out_dir/train.<fmt>` and, when num_val > 0, `out_dir/val.<fmt>`. The visual task
+    `squares` (`rl_core.data.visual`) writes jsonl with its pictures beside it."""
     if fmt not in FORMATS:
         raise DataError(f"unknown format {fmt!r}: choose one of {', '.join(FORMATS)}")
+    if task == VISUAL_TASK:
+        from rl_core.data.visual import write_squares
+
+        return write_squares(out_dir, num_train=num_train, num_val=num_val, seed=seed)
     train, val = synthetic_splits(task, num_train=num_train, num_val=num_val, seed=seed, **knobs)
     out = Path(out_dir)
     train_path = write_rows(train, out / f"train.{fmt}")
@@ -260,13 +272,15 @@ def materialize_synthetic(
         "num_train": synthetic.num_train,
         "num_val": synthetic.num_val,
         "seed": seed,
-        "format": fmt,
+        "format": "jsonl" if synthetic.task == VISUAL_TASK else fmt,
         "generator_version": GENERATOR_VERSION,
     }
     blob = json.dumps(params, sort_keys=True)
     folder = Path(cache_dir) / f"{synthetic.task}-{hashlib.sha256(blob.encode()).hexdigest()[:16]}"
     if not _cached(folder, params):
         _build(folder, params)
+    if synthetic.task == VISUAL_TASK:
+        fmt = "jsonl"
     val = folder / f"val.{fmt}"
     return folder / f"train.{fmt}", val if val.exists() else None
 

@@ -60,9 +60,12 @@ class TrainingEngine(Protocol):
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The decoder layers to shard one by one (`model.model.layers` of a Hugging Face causal LM
-    or token classifier); an InputError when the model has none there."""
+    or token classifier, `model.model.language_model.layers` of a vision-language model, whose
+    vision tower stays with the root); an InputError when the model has none there."""
     body = getattr(model, "model", None)
     layers = getattr(body, "layers", None)
+    if layers is None:
+        layers = getattr(getattr(body, "language_model", None), "layers", None)
     if not isinstance(layers, torch.nn.ModuleList) or not len(layers):
         raise InputError(f"model: cannot find the decoder layers of {type(model).__name__} to "
                          "shard with FSDP2 (expected model.model.layers); use actor.strategy=torch")

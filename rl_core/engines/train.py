@@ -218,9 +218,9 @@ class LogProbHead:
     that predict the response (`logits_to_keep`), in float32."""
 
     def __call__(self, model, ids, attention_mask, position_ids, keep: int, temperature: float,
-                 with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+                 with_entropy: bool, **extra: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
         out = model(input_ids=ids, attention_mask=attention_mask, position_ids=position_ids,
-                    use_cache=False, logits_to_keep=keep + 1)
+                    use_cache=False, logits_to_keep=keep + 1, **extra)
         logits = out.logits[:, :-1]  # (b, keep, V): positions predicting the response tokens
         return token_logprobs(logits, ids[:, -keep:], temperature, with_entropy)
 
@@ -239,9 +239,9 @@ class ValueHead:
     response token (b, keep); no entropy."""
 
     def __call__(self, model, ids, attention_mask, position_ids, keep: int, temperature: float,
-                 with_entropy: bool) -> tuple[torch.Tensor, None]:
+                 with_entropy: bool, **extra: Any) -> tuple[torch.Tensor, None]:
         out = model(input_ids=ids, attention_mask=attention_mask, position_ids=position_ids,
-                    use_cache=False)
+                    use_cache=False, **extra)
         return out.logits[:, -keep - 1:-1, 0].float(), None
 
     def packed(self, model, packed: Packed, temperature: float,
@@ -385,12 +385,15 @@ class TrainEngine:
         with_entropy: bool = False,
         grad: bool = False,
         max_token_len: int | None = None,
+        images: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs (B, R) of the last R = `response_len` tokens of each row under
         softmax(logits / temperature), and their entropy (B, R) when `with_entropy`.
 
         input_ids, attention_mask, position_ids (B, T). Without `grad` this runs under no_grad
         in eval mode (the model's mode is restored after). Micro-batched by rows or tokens.
+        `images`: a vision-language model's image columns of the rows (pixel_values,
+        image_grid_thw: `rl_core.models.vision.IMAGE_COLUMNS`).
         """
         extents = _Extents.of(attention_mask)
         slices = self._slices(len(extents.lengths), extents, micro_batch_size, max_token_len)
@@ -404,6 +407,8 @@ class TrainEngine:
                         _take(input_ids, rows), _take(attention_mask, rows),
                         _take(position_ids, rows), response_len, temperature, with_entropy,
                         extents, rows,
+                        images=(_take(images[0], rows), _take(images[1], rows))
+                        if images is not None else None,
                     )
                     for rows in (s or [0] for s in slices)  # None: padding (sharded)
                 ]
@@ -427,13 +432,17 @@ class TrainEngine:
         extents: _Extents,
         rows: list[int],
         host_mask: torch.Tensor | None = None,
+        images: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs (and entropy) of one micro-batch; `host_mask`: its attention mask where
         the batch came from (packing plans from it: on the host, without waiting for the
-        device)."""
+        device); `images`: its rows' image columns (a vision-language model)."""
         width = input_ids.shape[1]
         if not 0 < response_len < width:
             raise ValueError(f"response_len must be in 1..{width - 1}, got {response_len}")
+        if images is not None and self.remove_padding:
+            raise InputError("actor.use_remove_padding: packing rows with images is not built "
+                             "yet; set it to false for a vision-language model")
         if self.remove_padding:
             size = 1 if self.cp_group is None else dist.get_world_size(self.cp_group)
             packed = pack(input_ids.to(self.device),
@@ -451,10 +460,15 @@ class TrainEngine:
         cols = slice(left, width - right)
         keep = response_len - right  # response columns computed
         mask = attention_mask[:, cols].to(self.device)
+        ids, positions, extra = input_ids[:, cols].to(self.device), position_ids[:, cols], {}
+        if images is not None:  # the model computes its own (3-D) positions from the images
+            from rl_core.models.vision import image_inputs
+
+            extra, positions = image_inputs(self.model, ids, *images), None
         with self._routing(mask):
             logprobs, entropy = self.head(
-                self.model, input_ids[:, cols].to(self.device), mask,
-                position_ids[:, cols].to(self.device), keep, temperature, with_entropy)
+                self.model, ids, mask, positions.to(self.device) if positions is not None
+                else None, keep, temperature, with_entropy, **extra)
         if right:
             logprobs = F.pad(logprobs, (0, right))
             entropy = F.pad(entropy, (0, right)) if entropy is not None else None
@@ -568,6 +582,8 @@ class TrainEngine:
                     micro["input_ids"], micro["attention_mask"], micro["position_ids"],
                     response_mask.shape[1], temperature, with_entropy, extents, rows,
                     _take(batch["attention_mask"], rows),
+                    images=(micro["pixel_values"], micro["image_grid_thw"])
+                    if "pixel_values" in micro else None,
                 )
                 routed = self.router.take() if self.router is not None else None
                 if padding:  # every parameter's gradient reduction takes part, adding nothing

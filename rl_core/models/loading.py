@@ -10,8 +10,10 @@ path: no such folder, no config.json, a config that is not a causal LM (encoder-
 encoder-decoder, vision, classification heads), no weights, no tokenizer files.
 
 Supported are decoder-only models that `AutoModelForCausalLM` knows (Qwen2, Qwen2.5, Qwen3,
-Llama, Mistral, ... ; the Qwen2 and Llama families are tested), and with `trust_remote_code`
-folders whose config maps `AutoModelForCausalLM` to shipped code.
+Qwen3-MoE, Llama, Mistral, ... ; the Qwen2, Qwen3-MoE and Llama families are tested), with
+`trust_remote_code` folders whose config maps `AutoModelForCausalLM` to shipped code, and the
+vision-language models of `TRAINED_VISION_TYPES` (Qwen2.5-VL, loaded by
+`AutoModelForImageTextToText`; `load_image_processor` reads their image processor).
 
 Tokenizers come back with a pad token (the eos token when the folder defines none) and left
 padding: batched prompts then end at the same column, so every response starts right after
@@ -26,9 +28,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers import (
+    AutoImageProcessor,
+    AutoModelForCausalLM,
+    AutoModelForImageTextToText,
+    AutoTokenizer,
+    PreTrainedModel,
+)
 from transformers.models.auto.modeling_auto import (
     MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+    MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
     MODEL_FOR_MASKED_LM_MAPPING_NAMES,
     MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
 )
@@ -66,7 +75,11 @@ _CAUSAL_LM_CLASSES = frozenset(
     for names in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()
     for name in ((names,) if isinstance(names, str) else names)
 )
-_TESTED = "qwen2, qwen3, llama"
+_TESTED = "qwen2, qwen3, qwen3_moe, llama"
+# Image-text-to-text models (Qwen2.5-VL, ...): named as such when a run is given one.
+VISION_LANGUAGE_TYPES = frozenset(MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES)
+# Those rl_core trains (their image inputs and 3-D positions: rl_core.models.vision).
+TRAINED_VISION_TYPES = ("qwen2_5_vl",)
 
 
 class ModelLoadError(InputError):
@@ -153,6 +166,12 @@ def _check_causal_lm(folder: Path, config: dict[str, Any], trust_remote_code: bo
                 f"{folder}: {found} ships its own model code; set model.trust_remote_code: "
                 "true to run it"
             )
+        return
+    if model_type in VISION_LANGUAGE_TYPES:
+        if model_type not in TRAINED_VISION_TYPES:
+            raise ModelLoadError(
+                f"{folder}: config.json describes {found}, a vision-language model of a kind "
+                f"rl_core does not train yet; supported: {', '.join(TRAINED_VISION_TYPES)}")
         return
     if model_type not in CAUSAL_LM_TYPES or config.get("is_encoder_decoder"):
         raise ModelLoadError(
@@ -256,9 +275,11 @@ def load_model(
     cache is off)."""
     torch_dtype = resolve_dtype(dtype)
     folder = resolve_model_path(path)
-    check_model_folder(folder, trust_remote_code)
+    config = check_model_folder(folder, trust_remote_code)
+    auto = (AutoModelForImageTextToText if config.get("model_type") in VISION_LANGUAGE_TYPES
+            else AutoModelForCausalLM)
     try:
-        model = AutoModelForCausalLM.from_pretrained(
+        model = auto.from_pretrained(
             folder, dtype=torch_dtype, local_files_only=True, trust_remote_code=trust_remote_code
         )
     except (OSError, ValueError) as exc:
@@ -275,6 +296,38 @@ def _enable_checkpointing(model: PreTrainedModel) -> None:
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     model.config.use_cache = False
+
+
+# What a vision-language folder holds besides the model and its tokenizer: copied into every
+# folder saved from it (checkpoints, exports, warm starts), so each loads as its source did.
+PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json", "chat_template.json")
+
+
+def copy_processor_files(source: str | Path, folder: str | Path) -> None:
+    """The processor files (`PROCESSOR_FILES`) of the model folder `source`, into `folder`."""
+    import shutil
+
+    source = resolve_model_path(source)
+    for name in PROCESSOR_FILES:
+        if (source / name).is_file():
+            shutil.copy2(source / name, Path(folder) / name)
+
+
+def is_vision_language(path: str | Path) -> bool:
+    """Whether the model folder (or `tiny:` preset) at `path` is a vision-language model."""
+    folder = resolve_model_path(path)
+    return _read_config(_existing_folder(folder)).get("model_type") in VISION_LANGUAGE_TYPES
+
+
+def load_image_processor(path: str | Path, trust_remote_code: bool = False) -> Any:
+    """The image processor of a vision-language model folder (its preprocessor_config.json)."""
+    folder = _existing_folder(resolve_model_path(path))
+    try:
+        return AutoImageProcessor.from_pretrained(folder, local_files_only=True,
+                                                  trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"{folder}: cannot load the image processor: "
+                             f"{_one_line(exc)}") from exc
 
 
 def load_model_and_tokenizer(

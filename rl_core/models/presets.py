@@ -110,6 +110,33 @@ TINY_PREFIX = "tiny:"
 
 
 @dataclass(frozen=True)
+class TinyVision:
+    """A tiny vision-language model (Qwen2.5-VL): the text model of the tiny preset `text` and
+    a vision tower of this shape (field names those of `Qwen2_5_VLVisionConfig`)."""
+
+    text: str
+    depth: int
+    hidden_size: int
+    num_heads: int
+    intermediate_size: int
+
+
+# `tiny:vl`: the text model of tiny:small under a two-block vision tower (rl_core.models.vision)
+TINY_VISION: dict[str, TinyVision] = {
+    "vl": TinyVision("small", depth=2, hidden_size=64, num_heads=2, intermediate_size=128),
+}
+
+
+def get_vision(name: str) -> TinyVision:
+    """The vision-language preset `name`; ValueError listing them otherwise."""
+    try:
+        return TINY_VISION[name]
+    except KeyError:
+        raise ValueError(f"unknown tiny vision-language model {name!r}; choose one of "
+                         f"{', '.join(TINY_VISION)}") from None
+
+
+@dataclass(frozen=True)
 class WarmBase:
     """A built-in model that starts where RL can learn: the tiny model `size` after a short SFT
     on a built-in task (rl_core.recipes.warm builds it on first use and caches it)."""
@@ -129,6 +156,9 @@ WARM_BASES: dict[str, WarmBase] = {
     "moe-addition": WarmBase(
         "moe", "tiny:moe (a mixture of 8 experts, 2 a token) after the same SFT on two-digit "
         "addition, stopped at 40 % of the validation problems right (made once)"),
+    "vl-squares": WarmBase(
+        "vl", "tiny:vl (a vision-language model) after a short SFT on counting the squares in "
+        "a picture, stopped at 40 % of the validation pictures right (made once)"),
 }
 
 
@@ -138,10 +168,10 @@ def parse_tiny_path(path: str) -> str | None:
     if not path.startswith(TINY_PREFIX):
         return None
     size = path[len(TINY_PREFIX) :]
-    if size not in TINY_SIZES and size not in WARM_BASES:
+    if size not in TINY_SIZES and size not in WARM_BASES and size not in TINY_VISION:
         raise ValueError(
             f"{path}: unknown tiny model {size!r}; choose one of "
-            + ", ".join(f"tiny:{name}" for name in [*TINY_SIZES, *WARM_BASES])
+            + ", ".join(f"tiny:{name}" for name in [*TINY_SIZES, *TINY_VISION, *WARM_BASES])
         )
     return size
 
@@ -152,6 +182,8 @@ def get_size(size: str | TinySize) -> TinySize:
         return size
     if size in WARM_BASES:  # a warm start has the shape of the model it was trained from
         size = WARM_BASES[size].size
+    if size in TINY_VISION:  # a vision-language model: its text model's shape
+        size = TINY_VISION[size].text
     try:
         return TINY_SIZES[size]
     except KeyError:

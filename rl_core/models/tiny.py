@@ -35,7 +35,7 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
-from rl_core.models.presets import TinySize, get_size
+from rl_core.models.presets import TINY_VISION, TinySize, get_size
 from rl_core.models.tokenizer import (
     CHAT_TEMPLATE,
     EOS_TOKEN,
@@ -239,6 +239,7 @@ def tiny_cache_key(size: str, seed: int = 0) -> str:
     recipe = {
         "format": TINY_FORMAT,
         "shape": get_size(size).dense_fields(),
+        **({"vision": dataclasses.asdict(TINY_VISION[size])} if size in TINY_VISION else {}),
         "rope_theta": ROPE_THETA,
         "vocab": VOCAB,
         "chat_template": CHAT_TEMPLATE,
@@ -256,9 +257,14 @@ def resolve_tiny(size: str, seed: int = 0) -> Path:
     folder = tiny_cache_root() / tiny_cache_key(size, seed)
     if (folder / "config.json").is_file():
         return folder
-    model, tokenizer = build_tiny(size, seed)
     with _staging_folder(folder) as staging:
-        _write_folder(model, tokenizer, staging)
+        if size in TINY_VISION:  # a vision-language model and its processor
+            from rl_core.models.vision import build_tiny_vl, write_vl_folder
+
+            with _no_progress_bars():
+                write_vl_folder(*build_tiny_vl(size, seed), staging)
+        else:
+            _write_folder(*build_tiny(size, seed), staging)
         try:
             staging.rename(folder)
         except OSError:

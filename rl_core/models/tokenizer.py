@@ -98,7 +98,8 @@ def build_tiny_tokenizer(model_max_length: int = 512) -> PreTrainedTokenizerFast
     )
 
 
-def save_tiny_tokenizer(tokenizer: PreTrainedTokenizerFast, folder: str | Path) -> None:
+def save_tiny_tokenizer(tokenizer: PreTrainedTokenizerFast, folder: str | Path,
+                        chat_template: str = CHAT_TEMPLATE) -> None:
     """Save `tokenizer` as a Hugging Face tokenizer folder readable by transformers 4 and 5.
 
     Besides what `save_pretrained` writes (tokenizer.json, tokenizer_config.json,
@@ -110,7 +111,7 @@ def save_tiny_tokenizer(tokenizer: PreTrainedTokenizerFast, folder: str | Path) 
     tokenizer.save_pretrained(folder)
     config_path = folder / "tokenizer_config.json"
     config = json.loads(config_path.read_text(encoding="utf-8"))
-    config.update(tokenizer_class="Qwen2Tokenizer", chat_template=CHAT_TEMPLATE)
+    config.update(tokenizer_class="Qwen2Tokenizer", chat_template=chat_template)
     config_path.write_text(
         json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
     )

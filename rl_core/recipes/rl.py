@@ -35,7 +35,7 @@ import torch
 
 from rl_core import algos
 from rl_core.controller import Controller, batch_metrics, token_balanced
-from rl_core.data.batch import Batch
+from rl_core.data.batch import IMAGE_COLUMNS, Batch
 from rl_core.data.partial import PartialRollouts
 from rl_core.errors import InputError, TrainingStopped
 from rl_core.precision import update_data
@@ -371,7 +371,8 @@ class RLTrainer:
                     per_rank[rank].append(shard)
         step = self.step + 1
         calls = [self.roles.actor.submit_map("update", self.ctl.per_rank([
-            ([m.select(ACTOR_KEYS).to_dict() for m in minis], step) for minis in per_rank]))]
+            ([m.select([*ACTOR_KEYS, *(c for c in IMAGE_COLUMNS if c in m)]).to_dict()
+              for m in minis], step) for minis in per_rank]))]
         if self.roles.critic is not None:
             calls.append(self.roles.critic.submit_map("update", self.ctl.per_rank([
                 ([m.select(CRITIC_KEYS).to_dict() for m in minis], step) for minis in per_rank])))

@@ -27,13 +27,14 @@ from rl_core.determinism import process_report, record_determinism, seed_everyth
 from rl_core.engines import training_engine
 from rl_core.errors import InputError, NonFiniteError, TrainingStopped
 from rl_core.evaluation import evaluate_prompts
-from rl_core.models.loading import load_from_spec
+from rl_core.models.loading import (copy_processor_files, is_vision_language, load_from_spec,
+                                    load_image_processor)
 from rl_core.precision import PrecisionPlan, StageDumper, update_data
 from rl_core.profiling import ProfilePlan, StageProfiler
 from rl_core.rewards import RewardComposer
 from rl_core.rollout import rollout_engine, with_engine
 from rl_core.rollout.sampling import SamplingParams
-from rl_core.spec import RunSpec
+from rl_core.spec import RunSpec, has_images
 from rl_core.tracking import Tracker, log_tool_files, make_tracker, memory_metrics
 
 log = logging.getLogger("rl_core")
@@ -51,8 +52,11 @@ class SFTTrainer:
         seed_everything(spec.seed, spec.trainer.deterministic)
         self.model, self.tokenizer = load_from_spec(spec.model, device)
         train_records, val_records = load_prompt_data(spec, cache_dir=self.output_dir / "data")
-        self.train = tokenize_prompts(train_records, spec, self.tokenizer, "training")
-        self.val = tokenize_prompts(val_records, spec, self.tokenizer, "validation") if val_records else None
+        images = load_image_processor(spec.model.path, spec.model.trust_remote_code) \
+            if has_images(spec) and is_vision_language(spec.model.path) else None
+        self.train = tokenize_prompts(train_records, spec, self.tokenizer, "training", images)
+        self.val = tokenize_prompts(val_records, spec, self.tokenizer, "validation",
+                                    images) if val_records else None
         end = self.tokenizer.eos_token_id
         if any(t is None for t in self.train.truths):
             raise InputError(f"data.answer_key: SFT needs an answer for every prompt "
@@ -82,7 +86,8 @@ class SFTTrainer:
 
     def save(self) -> Path:
         return save_checkpoint(self.output_dir, self.step, model=self.model, tokenizer=self.tokenizer,
-                               state={"engine": self.engine.state_dict()}, spec_yaml=self.spec.to_yaml())
+                               state={"engine": self.engine.state_dict()}, spec_yaml=self.spec.to_yaml(),
+                               write=lambda folder: copy_processor_files(self.spec.model.path, folder))
 
     def validate(self) -> dict[str, float]:
         return evaluate_prompts(self.rollout, self.tokenizer, self.rewards, self.val, self.sampling,

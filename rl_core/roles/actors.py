@@ -32,7 +32,7 @@ import torch
 
 from rl_core import algos
 from rl_core.checkpoint import SHARDED_DIRS, rng_state, set_rng_state
-from rl_core.data.batch import Batch
+from rl_core.data.batch import Batch, images_of
 from rl_core.data.prompts import decode_rows
 from rl_core.determinism import seed_everything
 from rl_core.engines import training_engine
@@ -41,7 +41,7 @@ from rl_core.engines.experts import num_experts
 from rl_core.engines.tensor import check_tensor_parallel
 from rl_core.engines.train import PARAM_DTYPES, TrainEngine, ValueHead, batch_options
 from rl_core.errors import InputError, NonFiniteError, TrainingStopped
-from rl_core.models.loading import load_model_and_tokenizer
+from rl_core.models.loading import copy_processor_files, load_model_and_tokenizer
 from rl_core.roles.group import Worker
 from rl_core.rollout import rollout_engine, with_resolved_engine
 from rl_core.rollout.parts import is_split, split_layers
@@ -136,7 +136,8 @@ def sequence_logprobs(model, columns: Mapping[str, torch.Tensor], temperature: f
                          remove_padding=remove_padding)
     logprobs, _ = engine.forward_logprobs(
         columns["input_ids"], columns["attention_mask"], columns["position_ids"],
-        columns["response_mask"].shape[1], temperature=temperature)
+        columns["response_mask"].shape[1], temperature=temperature,
+        images=images_of(columns))
     return logprobs.cpu()
 
 
@@ -326,7 +327,8 @@ class ActorWorker(TrainedRole):
             logprobs, _ = self.engine.forward_logprobs(
                 cols["input_ids"], cols["attention_mask"], cols["position_ids"],
                 cols["response_mask"].shape[1], temperature=temperature_of(self.sampling),
-                micro_batch_size=self.spec.rollout.log_prob_micro_batch_size)
+                micro_batch_size=self.spec.rollout.log_prob_micro_batch_size,
+                images=images_of(cols))
         return logprobs.cpu()
 
     def update(self, minis: list[dict[str, torch.Tensor]], step: int) -> list[dict[str, float]]:
@@ -412,6 +414,7 @@ class ActorWorker(TrainedRole):
         if self.rank == 0:
             self.model.save_pretrained(path, safe_serialization=True, state_dict=full)
             self.tokenizer.save_pretrained(path)
+            copy_processor_files(self.model_path, path)
 
     def state(self) -> dict[str, Any]:
         return {"engine": host_copy(self.engine.state_dict()), "rng": rng_state(),
@@ -695,7 +698,8 @@ class ReferenceWorker(Worker):
             logprobs, _ = self.engine.forward_logprobs(
                 cols["input_ids"], cols["attention_mask"], cols["position_ids"],
                 cols["response_mask"].shape[1], temperature=self.temperature,
-                micro_batch_size=self.spec.reference.log_prob_micro_batch_size)
+                micro_batch_size=self.spec.reference.log_prob_micro_batch_size,
+                images=images_of(cols))
         return logprobs.cpu()
 
 

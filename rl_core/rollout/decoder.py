@@ -513,10 +513,18 @@ class StaticCache:
 
 
 class HFDecoder:
-    """Any causal LM through its own `forward` and a transformers `DynamicCache`."""
+    """Any causal LM through its own `forward` and a transformers `DynamicCache`. `images`: a
+    vision-language model's image inputs of the prompts (`rl_core.models.vision.image_inputs`),
+    read by the prefill, which then computes its own (3-D) positions; decoding continues each
+    row's text positions from there (the row's offset between its 3-D positions and its token
+    count, Qwen2.5-VL's `rope_deltas`), and never samples the image placeholder token (a
+    response holding one could not be read back with the images)."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, images: dict[str, torch.Tensor] | None = None
+                 ) -> None:
         self.model = model
+        self.images = images
+        self.offsets: torch.Tensor | None = None  # per row: 3-D position - token count
         self.cache: Any = None
         # transformers 5 renamed `past_key_values` to `cache` (the old name warns until 5.40).
         parameters = inspect.signature(model.forward).parameters
@@ -529,7 +537,12 @@ class HFDecoder:
         from transformers import DynamicCache
 
         self.cache = DynamicCache(config=self.model.config)
-        out = self._forward(ids, mask, mask_positions(mask))
+        if self.images is None:
+            out = self._forward(ids, mask, mask_positions(mask))
+        else:
+            out = self._forward(ids, mask, None, **self.images)
+            deltas = self.model.model.rope_deltas.reshape(-1)  # (B,)
+            self.offsets = deltas.to(ids.device).repeat_interleave(repeats)
         self.cache.batch_repeat_interleave(repeats)
         rows, width = ids.shape[0] * repeats, ids.shape[1]
         self.key_mask = torch.ones(
@@ -541,13 +554,18 @@ class HFDecoder:
     def select(self, keep: torch.Tensor, columns: int) -> None:
         self.cache.batch_select_indices(keep)
         self.key_mask = self.key_mask[keep]  # type: ignore[index]
+        if self.offsets is not None:
+            self.offsets = self.offsets[keep]
 
     def decode(self, tokens: torch.Tensor, positions: torch.Tensor, column: int) -> torch.Tensor:
         assert self.key_mask is not None
+        if self.offsets is not None:
+            positions = positions + self.offsets
         return self._forward(tokens[:, None], self.key_mask[:, : column + 1], positions[:, None])
 
     def _forward(
-        self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor
+        self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor | None,
+        **extra: torch.Tensor,
     ) -> torch.Tensor:
         out = self.model(
             input_ids=ids,
@@ -556,11 +574,15 @@ class HFDecoder:
             use_cache=True,
             **{self.cache_argument: self.cache},
             logits_to_keep=1,
+            **extra,
         )
-        return out.logits[:, -1]
+        logits = out.logits[:, -1]
+        if self.images is not None:  # a response never holds an image's placeholder token
+            logits[:, self.model.config.image_token_id] = float("-inf")
+        return logits
 
     def close(self) -> None:
-        self.cache = None
+        self.cache = self.images = self.offsets = None
 
 
 def fast_path_reason(model: torch.nn.Module, length: int | None = None) -> str | None:

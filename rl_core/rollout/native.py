@@ -43,7 +43,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from rl_core.data.batch import Batch, left_pad
+from rl_core.data.batch import IMAGE_COLUMNS, Batch, image_columns_of, left_pad
 from rl_core.errors import InputError
 from rl_core.rollout.decoder import (
     EagerGraphs,
@@ -192,9 +192,12 @@ class NativeRolloutEngine:
         """Sample `params.n` responses to each prompt (token ids, no padding).
 
         The draws come from `uniforms` (rows = len(prompts) × n, max_new_tokens), see
-        `draw_uniforms`, or are drawn from `generator` as one such table."""
+        `draw_uniforms`, or are drawn from `generator` as one such table. A prompt with images
+        (`rl_core.data.prompts.PromptIds`) is generated from them (a vision-language model),
+        and the batch carries its rows' image columns (`IMAGE_COLUMNS`)."""
         self.wake_up()
         ids, mask = left_pad(prompts, self.pad_token_id, self.device)
+        images = image_columns_of(prompts)
         rows = ids.shape[0] * params.n
         if params.do_sample and uniforms is None:
             uniforms = draw_uniforms(rows, params.max_new_tokens, generator, device=self.device)
@@ -202,13 +205,16 @@ class NativeRolloutEngine:
             raise ValueError(f"uniforms must be ({rows}, {params.max_new_tokens}) for "
                              f"{ids.shape[0]} prompts x n={params.n}, got {tuple(uniforms.shape)}")
         with torch.inference_mode(), _eval_mode(self.model):
-            decoder = self._decoder(ids.shape[1] + params.max_new_tokens)
+            decoder = self._decoder(ids.shape[1] + params.max_new_tokens, ids, images)
             tokens, logprobs, alive = self._loop(decoder, ids, mask, params, uniforms)
             if isinstance(decoder, HFDecoder):
                 decoder.close()
         # Outside inference mode: the batch feeds autograd-tracked training code.
         outputs = (t.clone() for t in (ids, mask, tokens, logprobs, alive))
-        return self._batch(*outputs, params.n)
+        batch = self._batch(*outputs, params.n)
+        for name, column in (images or {}).items():  # each response row its prompt's images
+            batch[name] = column.repeat_interleave(params.n, 0)
+        return batch
 
     def _graphs(self, graphs: bool | GraphBackend | EagerGraphs | None
                 ) -> GraphBackend | EagerGraphs | None:
@@ -219,8 +225,17 @@ class NativeRolloutEngine:
             return backend
         return graphs or None
 
-    def _decoder(self, length: int) -> FastDecoder | HFDecoder:
+    def _decoder(self, length: int, ids: torch.Tensor,
+                 images: dict[str, torch.Tensor] | None) -> FastDecoder | HFDecoder:
         model_dtype = self.model.get_input_embeddings().weight.dtype
+        if images is not None:  # a vision-language model, through its own forward
+            if self.group is not None:
+                raise InputError("rollout.tensor_parallel_size: a rollout group cannot "
+                                 "generate from images; set it to 1")
+            from rl_core.models.vision import image_inputs
+
+            return HFDecoder(self.model, image_inputs(self.model, ids, *(
+                images[name].to(self.device) for name in IMAGE_COLUMNS)))
         reason = fast_path_reason(self.model, length) if self.fast else "fast=False"
         if reason is None:
             return FastDecoder(self.model, self._cache, self.dtype or model_dtype, self.group)

@@ -90,6 +90,7 @@ from rl_core.spec.presets import PRESETS
 from rl_core.spec.rules import (
     NOT_IMPLEMENTED,
     RULES,
+    has_images,
     model_violations,
     not_implemented_note,
     planned_engine,
@@ -185,6 +186,7 @@ __all__ = [
     "override_refusal",
     "parse_spec_yaml",
     "plain_text_problem",
+    "has_images",
     "model_violations",
     "planned_engine",
     "refusals",

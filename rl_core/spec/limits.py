@@ -66,6 +66,9 @@ MAX_BATCH = 16_384  # prompts in a batch
 MAX_MICRO_BATCH = 4_096  # responses per device per forward
 MAX_SAMPLES = 1_024  # responses per prompt
 MAX_LIST = 1_024  # items of a list of steps, ranks, files or module names
+MAX_IMAGES_PER_PROMPT = 8  # images of one vision-language prompt (rl_core.data.images)
+MAX_IMAGE_BYTES = 32 * 2**20  # one image file
+MAX_IMAGE_PIXELS = 4096 * 4096  # one picture: a guard against decompression bombs
 
 
 def scan(value: Any, max_depth: int, max_nodes: int, json_only: bool = False) -> Violation | None:

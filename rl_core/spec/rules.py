@@ -496,14 +496,64 @@ def _rule_expert_parallel(s: RunSpec) -> Iterator[Violation]:
                f"split the experts: use a divisor of {world}")
 
 
+# The vision-language model types rl_core trains (rl_core.models.loading.TRAINED_VISION_TYPES).
+VISION_MODEL_TYPES = ("qwen2_5_vl",)
+
+
+def has_images(s: RunSpec) -> bool:
+    """Whether the spec's prompts come with images (a vision-language run)."""
+    synthetic = s.data.synthetic
+    return s.data.image_key is not None or (synthetic is not None and synthetic.task == "squares")
+
+
+def _rule_images(s: RunSpec) -> Iterator[Violation]:
+    """Prompts with images (`data.image_key`, or the synthetic `squares` task) train a
+    vision-language model padded (no packing), without tensor, context or expert parallelism,
+    generate with the native engine alone (no vLLM, no rollout group, no partial rollout), and
+    are RL prompts: not DPO's pairs, no critic or reward model (text models) reading them."""
+    d = s.data
+    if d.image_key is not None and d.synthetic is not None:
+        yield ("data.image_key", "the synthetic task names its own images: remove "
+               "data.image_key, or use data.train_files")
+    if not has_images(s):
+        return
+    what = "prompts with images"
+    refused = [
+        ("actor.use_remove_padding", s.actor.use_remove_padding,
+         "packing rows with images is not built yet: set it to false"),
+        ("parallel.tensor_parallel_size", s.parallel.tensor_parallel_size > 1, "set it to 1"),
+        ("parallel.context_parallel_size", s.parallel.context_parallel_size > 1, "set it to 1"),
+        ("parallel.expert_parallel_size", s.parallel.expert_parallel_size > 1, "set it to 1"),
+        ("rollout.engine", planned_engine(s) == "vllm",
+         "vLLM is not given the images yet: set rollout.engine: native"),
+        ("rollout.tensor_parallel_size", s.rollout.tensor_parallel_size > 1, "set it to 1"),
+        ("rollout.partial_rollout_max_split", s.rollout.partial_rollout_max_split > 1,
+         "partial rollout resumes text contexts: set it to 1"),
+        ("algorithm", s.algorithm == "dpo", "DPO's preference pairs are text: use grpo, dapo "
+         "or ppo"),
+        ("critic.enable", s.critic.enable, "the critic is a text model: use an algorithm "
+         "without one (grpo, dapo)"),
+        ("reward.reward_model", s.reward.reward_model is not None,
+         "a reward model reads text only: score with rule rewards"),
+    ]
+    for field, broken, fix in refused:
+        if broken:
+            yield field, f"not supported with {what}: {fix}"
+
+
 def model_violations(s: RunSpec, experts: int, model_type: str = "") -> list[Violation]:
     """What a spec asks of its model that the model cannot give, once its number of routed
-    experts is known (0: dense; from its config.json or a tiny preset): expert parallelism and
+    experts and its type are known (from its config.json or a tiny preset): images need a
+    vision-language model; expert parallelism and
     the balancing loss need experts (as many as the expert-parallel size divides); a mixture of
     experts trains without tensor and context parallelism, and generates without a native
     rollout group (whose fast decoder splits dense layers only)."""
     p, out = s.parallel, []
     what = f" ({model_type})" if model_type else ""
+    if has_images(s) and model_type not in VISION_MODEL_TYPES:
+        out.append(("model.path", f"the prompts have images and the model{what} reads text "
+                    f"only: point it at a vision-language model ({', '.join(VISION_MODEL_TYPES)}"
+                    "; tiny:vl)"))
     if p.expert_parallel_size > 1 and not experts:
         out.append(("parallel.expert_parallel_size",
                     f"{p.expert_parallel_size}, but the model{what} is dense: expert "
@@ -636,6 +686,7 @@ RULES: tuple[Callable[[RunSpec], Iterator[Violation]], ...] = (
     _rule_context_parallel,
     _rule_tensor_parallel,
     _rule_expert_parallel,
+    _rule_images,
     _rule_rollout_parallel,
     _rule_rollout_engine,
     _rule_tools,

@@ -67,8 +67,10 @@ class ModelConfig(Strict):
 class SyntheticData(Strict):
     """Generated arithmetic prompts with exact answers, for tests and smoke runs."""
 
-    task: Literal["addition", "multiplication", "countdown"] = Field(
-        "addition", description="Which generated task to use."
+    task: Literal["addition", "multiplication", "countdown", "squares"] = Field(
+        "addition", description="Which generated task to use: arithmetic (addition, "
+        "multiplication, countdown), or `squares`, counting the squares drawn in a picture (a "
+        "vision-language task: records with images, for tiny:vl; `digits` unused)."
     )
     digits: int = Field(2, ge=1, le=9, description="Digits per operand.")
     num_train: int = Field(256, gt=0, le=1_000_000, description="Number of training prompts.")
@@ -93,6 +95,12 @@ class DataConfig(Strict):
     prompt_key: str = Field("prompt", description="Record field holding the prompt.")
     answer_key: str = Field(
         "answer", description="Record field holding the reference answer given to rewards."
+    )
+    image_key: str | None = Field(
+        None, description="Vision-language data: the record field naming each prompt's images "
+        "(one or a list; each a path relative to the data file's folder or absolute, bytes, or a "
+        "mapping with `bytes` or `path` as Hugging Face datasets store images in parquet). "
+        "null: text only.",
     )
     chosen_key: str | None = Field(
         None, description="DPO: record field holding the preferred response."

@@ -62,13 +62,17 @@ def test_metrics_equal_the_recorded_run(algorithm, devices, request):
 def test_two_sharded_ray_ranks_equal_the_plain_engine_on_one_rank(algorithm, plain_run, ray_run):
     """Data parallelism and sharding (FSDP2 on two Ray ranks) change no number but the rounding
     of sums split over two ranks (and so, with each algorithm learning on one rank, each learns
-    on two)."""
+    on two). PPO's gets 1e-3: its critic (lr 1e-3) and actor step on each other's outputs, and
+    AdamW, which moves each weight by about lr whatever its gradient's size, turns the rounding
+    of one step into differences the next steps carry on (on an AMD EPYC with AVX2 kernels the
+    critic's values drifted to 5e-4 and its predictions to 7e-4 by step 5, against 1e-4 on
+    AVX-512 machines)."""
     one, two = plain_run(algorithm), ray_run(algorithm)
     assert [r["step"] for r in one] == [r["step"] for r in two]
     assert any(r.get("actor/grad_norm", 0) > 0 for r in one), "the comparison needs real updates"
     for left, right in zip(one, two):
         assert sorted(left) == sorted(right), left["step"]
-        assert_close(right, left)
+        assert_close(right, left, rel=1e-3 if algorithm == "ppo" else 1e-4)
 
 
 def test_the_tolerances_are_measured_and_refuse_a_change_beyond_them():

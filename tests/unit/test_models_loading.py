@@ -230,7 +230,7 @@ def test_an_encoder_or_vision_config_is_refused_saying_what_was_found(tmp_path, 
     assert message.startswith(f"{tmp_path}: config.json describes")
     assert found in message
     assert "not a decoder-only causal language model" in message
-    assert "qwen2, qwen3, llama" in message
+    assert "qwen2, qwen3, qwen3_moe, llama" in message
 
 
 def test_a_classification_head_is_refused(tmp_path):
