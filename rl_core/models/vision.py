@@ -38,7 +38,7 @@ from transformers import (
 )
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-from rl_core.models.presets import TinyVision, get_size, get_vision
+from rl_core.models.presets import get_size, get_vision
 from rl_core.models.tokenizer import EOS_TOKEN, PAD_TOKEN, VOCAB, build_tiny_tokenizer
 
 VISION_START, VISION_END, IMAGE_PAD = "<|vision_start|>", "<|vision_end|>", "<|image_pad|>"
@@ -218,15 +218,6 @@ def write_vl_folder(model: Qwen2_5_VLForConditionalGeneration, prompter: ImagePr
         path.chmod(0o755 if path.is_dir() else 0o644)
 
 
-def is_vision(name: str) -> bool:
-    """Whether a tiny preset name is a vision-language one."""
-    try:
-        get_vision(name)
-    except ValueError:
-        return False
-    return True
-
-
-__all__ = ["IMAGE_PAD", "ImagePrompt", "image_inputs", "ImagePrompter", "TinyVision", "VISION_TOKENS",
-           "build_image_processor", "build_tiny_vl", "build_vl_tokenizer", "is_vision",
+__all__ = ["IMAGE_PAD", "ImagePrompt", "image_inputs", "ImagePrompter", "VISION_TOKENS",
+           "build_image_processor", "build_tiny_vl", "build_vl_tokenizer",
            "tiny_vl_config", "write_vl_folder"]
