@@ -30,6 +30,7 @@ urlpatterns = [
     path("runs/<int:pk>/tools/", runs.run_tools, name="run-tools"),
     path("runs/<int:pk>/log.txt", runs.run_log, name="run-log"),
     path("runs/<int:pk>/samples/", runs.run_samples, name="run-samples"),
+    path("runs/<int:pk>/samples/picture", runs.run_sample_picture, name="run-sample-picture"),
     path("runs/<int:pk>/notes/", runs.run_notes, name="run-notes"),
     path("runs/<int:pk>/cancel/", runs.run_cancel, name="run-cancel"),
     path("runs/<int:pk>/restart/", runs.run_restart, name="run-restart"),

@@ -149,6 +149,7 @@ class Controller:
         self.tokenizer = load_tokenizer(spec.model.tokenizer_path or self.model_path,
                                         trust_remote_code=spec.model.trust_remote_code)
         self.step = 0
+        self.image_processor: Any = None  # a vision-language run's, once its prompts are read
 
     def load_prompts(self) -> tuple[Prompts, Prompts | None]:
         """The training prompts and the validation prompts (None without validation data)."""
@@ -158,6 +159,7 @@ class Controller:
         if has_images(spec):  # a vision-language model's prompts: its image processor
             images = load_image_processor(self.model_path, spec.model.trust_remote_code) \
                 if is_vision_language(self.model_path) else None
+            self.image_processor = images
         train = tokenize_prompts(train_records, spec, self.tokenizer, "training", images)
         val = tokenize_prompts(val_records, spec, self.tokenizer, "validation", images) \
             if val_records else None

@@ -126,7 +126,7 @@ from pathlib import Path
 from typing import Any
 
 from rl_core.errors import InputError
-from rl_core.models.presets import TINY_PREFIX, TINY_VISION, get_size  # torch-free
+from rl_core.models.presets import TINY_PREFIX, TINY_VISION, WARM_BASES, get_size  # torch-free
 from rl_core.spec import RunSpec, planned_engine
 
 GIB = 2**30
@@ -416,8 +416,9 @@ def shape_from_config(config: Mapping[str, Any], source: str = "config.json") ->
 def tiny_shape(size: str) -> ModelShape:
     """The shape of the built-in `tiny:<size>` model (ValueError for an unknown size)."""
     preset = get_size(size)
-    if size in TINY_VISION:  # its text model's shape (the vision tower is not counted)
-        return dataclasses.replace(tiny_shape(TINY_VISION[size].text), model_type="qwen2_5_vl")
+    base = WARM_BASES[size].size if size in WARM_BASES else size  # a warm start: its model's
+    if base in TINY_VISION:  # its text model's shape (the vision tower is not counted)
+        return dataclasses.replace(tiny_shape(TINY_VISION[base].text), model_type="qwen2_5_vl")
     if preset.is_moe:
         return ModelShape(preset.hidden_size, preset.intermediate_size, preset.num_hidden_layers,
                           preset.num_attention_heads, preset.num_key_value_heads,

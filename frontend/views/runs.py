@@ -9,7 +9,7 @@ from django.contrib import messages
 from django.contrib.auth import get_user_model
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
-from django.http import QueryDict, StreamingHttpResponse
+from django.http import Http404, HttpResponse, QueryDict, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
@@ -24,6 +24,7 @@ from experiments.tracking import (
     TrackingUnavailable,
     artifact_tree,
     artifacts,
+    read_bytes,
     read_json,
     run_metrics,
 )
@@ -32,6 +33,10 @@ from experiments.validation import (MAX_TAGS, NOTE_MAX_CHARS, TAG_MAX_CHARS, Run
 from frontend.views.common import can_write_run, is_htmx, ordered_spec, run_or_404, visible_runs
 from rl_core.spec import PRESETS, SpecError
 
+# A sample's picture (a vision-language run's samples: `rl_core.recipes.rl`), and the most the
+# picture view sends (a 256-pixel PNG is far smaller).
+SAMPLE_PICTURE = re.compile(r"samples/step_\d+/\d+_\d+\.png")
+MAX_SAMPLE_PICTURE_BYTES = 1 << 20
 # Logged steps with a reward of exactly 0 after which the run page says why nothing is learned.
 ZERO_REWARD_STEPS = 10
 # The charts of a run's page: (title, metric keys); `prefix/*` collects every key under it.
@@ -324,12 +329,42 @@ def run_samples(request, pk: int):
         if step is not None:
             table = read_json(run, f"samples/step_{step}.json") or {}
             columns = table.get("columns", [])
-            numeric = [c.startswith("reward") or c == "response_tokens" for c in columns]
-            context["table"] = {"columns": list(zip(columns, numeric)),
-                                "rows": [list(zip(row, numeric)) for row in table.get("data", [])]}
+            kinds = ["images" if c == "images" else
+                     "num" if c.startswith("reward") or c == "response_tokens" else "text"
+                     for c in columns]
+            context["table"] = {"columns": list(zip(columns, kinds)),
+                                "rows": [[(_pictures(cell) if kind == "images" else cell, kind)
+                                          for cell, kind in zip(row, kinds)]
+                                         for row in table.get("data", [])]}
     except TrackingUnavailable as exc:
         context["error"] = exc.shown_to(request.user)
     return render(request, "frontend/_run_samples.html", context)
+
+
+def _pictures(cell) -> list[str]:
+    """The picture paths of a samples table's `images` cell that the picture view serves."""
+    return [p for p in (cell if isinstance(cell, list) else []) if isinstance(p, str)
+            and SAMPLE_PICTURE.fullmatch(p)]
+
+
+@login_required
+def run_sample_picture(request, pk: int):
+    """One picture of the sample viewer (`?path=samples/step_<N>/<row>_<image>.png`): the image
+    a vision-language run's model saw for a logged sample, read from MLflow."""
+    run = run_or_404(request.user, pk)
+    path = request.GET.get("path", "")
+    if not SAMPLE_PICTURE.fullmatch(path):
+        raise Http404("No such sample picture: the path names none a run logs.")
+    try:
+        data = read_bytes(run, path, MAX_SAMPLE_PICTURE_BYTES)
+    except TrackingUnavailable as exc:
+        return HttpResponse(exc.shown_to(request.user), status=503,
+                            content_type="text/plain; charset=utf-8")
+    if data is None:
+        raise Http404(f"Run {run.pk} logged no picture {path}.")
+    response = HttpResponse(data, content_type="image/png")
+    response["Cache-Control"] = "private, max-age=86400"  # a logged artifact never changes
+    return response
 
 
 @login_required

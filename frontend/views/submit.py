@@ -16,7 +16,7 @@ from clusters.services import fitting_clusters
 from experiments import services
 from experiments.limits import RUN_SETTINGS
 from experiments.models import Run
-from experiments.starter import starter_spec
+from experiments.starter import STARTER_FAMILIES, starter_spec
 from frontend import specform
 from frontend.views.common import run_or_404, writable_experiments
 from experiments.queries import parse_id, visible_runs
@@ -150,8 +150,9 @@ def _page(request, editor: Editor, fields: dict | None = None, **extra):
 def submit(request):
     if request.method != "POST":
         # a new run starts from the starter spec of its algorithm (it runs and learns on a CPU)
-        algorithm = request.GET.get("algorithm")
-        editor = Editor.from_spec(starter_spec(algorithm if algorithm in PRESETS else "grpo"))
+        algorithm, family = request.GET.get("algorithm"), request.GET.get("starter")
+        editor = Editor.from_spec(starter_spec(algorithm if algorithm in PRESETS else "grpo",
+                                               family if family in STARTER_FAMILIES else "text"))
         fields, source = {}, None
         clone = parse_id(request.GET.get("clone"))
         if clone:
@@ -165,7 +166,8 @@ def submit(request):
             fields = {"experiment": str(source.experiment_id), "priority": str(source.priority),
                       "max_restarts": str(source.max_restarts),
                       "cluster": str(source.cluster_id or ""), "cloned_from": str(source.pk)}
-        return _page(request, editor, fields, source=source)
+        return _page(request, editor, fields, source=source, starters=STARTER_FAMILIES,
+                     starter=family if family in STARTER_FAMILIES else "text")
 
     editor = Editor.from_post(request.POST)
     form_errors = {}

@@ -128,6 +128,18 @@ class Tracking:
             with open(local) as f:
                 return json.load(f)
 
+    def read_bytes(self, run_id: str, path: str, max_bytes: int) -> bytes | None:
+        """The bytes of the run's file artifact `path`; None when the run has no such file or
+        it is larger than `max_bytes`."""
+        parent = path.rsplit("/", 1)[0] if "/" in path else ""
+        found = [f for f in self.list_artifacts(run_id, parent) if f["path"] == path]
+        if not found or found[0]["is_dir"] or (found[0]["size"] or 0) > max_bytes:
+            return None
+        with tempfile.TemporaryDirectory() as folder:
+            local = self.download(run_id, path, folder)
+            with open(local, "rb") as f:
+                return f.read(max_bytes + 1)[:max_bytes]
+
     def run_url(self, run_id: str) -> str:
         """The run's page in the MLflow UI."""
         with self._errors(f"return run {run_id}"):

@@ -43,9 +43,34 @@ _BY_ALGORITHM: dict[str, dict[str, Any]] = {
 }
 
 
-def starter_spec(algorithm: str = "grpo") -> dict[str, Any]:
-    """A small spec of `algorithm` that runs and learns on a CPU (the preset fills the rest)."""
+# The model families a new run can start from (the submit page's "Start from" links): what
+# each is, and what it changes in the text starter. Both run and learn on a CPU as they are.
+STARTER_FAMILIES: dict[str, str] = {
+    "text": "a dense text model: tiny:small-addition, two-digit addition",
+    "moe": ("a mixture of experts: tiny:moe-addition (8 experts, 2 per token) with the routers' "
+            "load-balancing loss; parallel.expert_parallel_size splits its experts over devices"),
+    "vision": ("a vision-language model: tiny:vl-squares (a tiny Qwen2.5-VL) counting the "
+               "squares in pictures, its rows packed with their pictures"),
+}
+_BY_FAMILY: dict[str, dict[str, Any]] = {
+    "text": {},
+    "moe": {"model": {"path": "tiny:moe-addition"},
+            "actor": {"router_aux_loss_coef": 0.001}},
+    # sampled at 0.5: the warm start is right when greedy but its distribution is still flat
+    "vision": {"model": {"path": "tiny:vl-squares"},
+               "data": {"synthetic": {"task": "squares", "num_train": 2000, "num_val": 100},
+                        "val_batch_size": 100},
+               "rollout": {"max_new_tokens": 3, "temperature": 0.5},
+               "actor": {"lr": 2.0e-4, "use_remove_padding": True},
+               "trainer": {"total_steps": 20}},
+}
+
+
+def starter_spec(algorithm: str = "grpo", family: str = "text") -> dict[str, Any]:
+    """A small spec of `algorithm` for a model of `family` (`STARTER_FAMILIES`) that runs and
+    learns on a CPU (the preset fills the rest)."""
     spec = {"algorithm": algorithm, **copy.deepcopy(_STARTER)}
-    for section, values in _BY_ALGORITHM.get(algorithm, {}).items():
-        spec.setdefault(section, {}).update(copy.deepcopy(values))
+    for changes in (_BY_ALGORITHM.get(algorithm, {}), _BY_FAMILY[family]):
+        for section, values in changes.items():  # a key's value replaced whole
+            spec.setdefault(section, {}).update(copy.deepcopy(values))
     return spec

@@ -106,6 +106,18 @@ def read_json(run: Run, path: str):
         raise TrackingUnavailable(str(exc)) from exc
 
 
+def read_bytes(run: Run, path: str, max_bytes: int) -> bytes | None:
+    """The run's file artifact `path` (e.g. a sample's picture), None when absent or larger
+    than `max_bytes`."""
+    if not run.mlflow_run_id:
+        return None
+    client, error = _tracking()
+    try:
+        return client.read_bytes(run.mlflow_run_id, path, max_bytes)
+    except error as exc:
+        raise TrackingUnavailable(str(exc)) from exc
+
+
 def compare(runs: list[Run], keys: list[str], max_points: int = 500) -> dict:
     """What a comparison of runs needs from MLflow: every metric name the runs logged, the
     histories of `keys` per run id, and the link to the same comparison in MLflow."""

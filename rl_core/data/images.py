@@ -33,7 +33,7 @@ from rl_core.spec.limits import MAX_IMAGE_BYTES, MAX_IMAGE_PIXELS, MAX_IMAGES_PE
 
 ImageRef = str | bytes | Mapping[str, Any]
 
-__all__ = ["ImageRef", "image_refs", "load_image", "load_images"]
+__all__ = ["ImageRef", "image_refs", "load_image", "load_images", "pictures_of"]
 
 
 def load_image(ref: ImageRef, base: Path) -> Any:
@@ -114,4 +114,34 @@ def load_images(records: Sequence[PromptRecord], what: str) -> list[list[Any]]:
         more = f" (and {len(problems) - len(shown)} more)" if len(problems) > len(shown) else ""
         raise DataError(f"{what} data: {len(problems)} image problem(s){more}: "
                         + "; ".join(shown))
+    return out
+
+
+def pictures_of(pixel_values: Any, image_grid_thw: Any, image_processor: Any) -> list[Any]:
+    """The pictures one row of a batch shows its model, as PIL RGB images at the size the image
+    processor resized them to: the row's patches (patches, C·T·P·P) and grids (images, 3: frames,
+    rows, columns of patches; rows of 0 are padding) put back together and un-normalised (the
+    first frame of each). The inverse of Qwen2-VL's patching: what the sample viewer shows."""
+    import numpy as np
+    from PIL import Image
+
+    patch = int(image_processor.patch_size)
+    merge = int(getattr(image_processor, "merge_size", 2))
+    frames = int(getattr(image_processor, "temporal_patch_size", 2))
+    mean = np.asarray(image_processor.image_mean, dtype=np.float32)[:, None, None]
+    std = np.asarray(image_processor.image_std, dtype=np.float32)[:, None, None]
+    scale = float(getattr(image_processor, "rescale_factor", 1 / 255))
+    pixels = pixel_values.float().cpu().numpy()
+    out, start = [], 0
+    for t, h, w in image_grid_thw.reshape(-1, 3).tolist():
+        if not t * h * w:
+            continue
+        count = t * h * w
+        patches = pixels[start:start + h * w].reshape(  # the first frame's patches
+            h // merge, w // merge, merge, merge, -1, frames, patch, patch)[..., 0, :, :]
+        start += count
+        # (h/m, w/m, m, m, C, p, p) -> (C, h/m, m, p, w/m, m, p) -> (C, H, W)
+        image = patches.transpose(4, 0, 2, 5, 1, 3, 6).reshape(-1, h * patch, w * patch)
+        rgb = (image * std + mean) / scale
+        out.append(Image.fromarray(rgb.clip(0, 255).round().astype(np.uint8).transpose(1, 2, 0)))
     return out

@@ -308,10 +308,11 @@ def check_packing(model: torch.nn.Module, spec_field: str = "actor.use_remove_pa
 class Packed:
     """One micro-batch of b rows packed into a sequence of N valid tokens.
 
-    input_ids, position_ids (1, N); attention_mask (1, 1, N, N) or None (varlen); keep (K,)
-    packed indices of the positions predicting the K valid response tokens, labels (K,) those
-    tokens; where (b, R) bool: which response columns they are, and slots (K,) their flat
-    indices; attention: the rows' boundaries for the model's attention (`cu_seq_lens_q/k`
+    input_ids (1, N); position_ids (1, N), or (k, 1, N) for k kinds of positions (a
+    vision-language model's text and 3-D ones); attention_mask (1, 1, N, N) or None (varlen);
+    keep (K,) packed indices of the positions predicting the K valid response tokens, labels
+    (K,) those tokens; where (b, R) bool: which response columns they are, and slots (K,)
+    their flat indices; attention: the rows' boundaries for the model's attention (`cu_seq_lens_q/k`
     (b + 1,) int32, `max_length_q/k`).
     """
 
@@ -325,6 +326,7 @@ class Packed:
     attention: dict[str, Any] = field(default_factory=dict)
     host_keep: torch.Tensor | None = None  # keep, on the host (what `shard` splits by)
     counts: tuple[int, ...] = ()  # a shard's: the response tokens of each rank's share
+    inputs: dict[str, Any] = field(default_factory=dict)  # more of the model's inputs (images)
 
     def shard(self, rank: int, size: int) -> Packed:
         """This rank's share of the packed tokens for context parallelism (`rl_core.engines.
@@ -342,14 +344,15 @@ class Packed:
         mine = slice(sum(counts[:rank]), sum(counts[:rank + 1]))
         tokens = slice(rank * per, (rank + 1) * per)
         return dataclasses.replace(
-            self, input_ids=self.input_ids[:, tokens], position_ids=self.position_ids[:, tokens],
+            self, input_ids=self.input_ids[:, tokens], position_ids=self.position_ids[..., tokens],
             keep=self.keep[mine] - rank * per, labels=self.labels[mine], host_keep=None,
             counts=counts)
 
     def model_inputs(self) -> dict[str, Any]:
         """The keyword arguments of the model's forward for this packed sequence."""
         return {"input_ids": self.input_ids, "attention_mask": self.attention_mask,
-                "position_ids": self.position_ids, "use_cache": False, **self.attention}
+                "position_ids": self.position_ids, "use_cache": False, **self.attention,
+                **self.inputs}
 
     def unpack(self, values: torch.Tensor) -> torch.Tensor:
         """(K,) per valid response token -> (b, R), 0 in the response's padding."""
@@ -370,7 +373,8 @@ def pack(
     """Pack the valid tokens of (b, T) rows whose last `response_len` columns are the response.
 
     Every row needs at least one valid token before its first valid response token (the
-    prompt), which predicts it. `attention`: the model's implementation (`PACKED_ATTENTION`);
+    prompt), which predicts it. `position_ids` (b, T), or (k, b, T) for k kinds of positions
+    (packed to (k, 1, N)). `attention`: the model's implementation (`PACKED_ATTENTION`);
     `dtype`: that of an additive mask (`eager`). `multiple_of`: the packed length is rounded up
     to a multiple of it by a last row of filler tokens (context parallelism's equal shares).
     """
@@ -400,10 +404,11 @@ def pack(
     flat, targets, slots, where, cu = (
         t.to(device, non_blocking=True) for t in (flat, targets, slots, where, cu))
     packed_ids = input_ids.flatten().index_select(0, flat)  # (N,)
-    positions = position_ids.flatten().index_select(0, flat)
+    positions = position_ids.flatten(-2).index_select(-1, flat)  # (N,) or (k, N)
     if filler:
         packed_ids = torch.cat([packed_ids, packed_ids.new_zeros(filler)])
-        positions = torch.cat([positions, torch.arange(filler, device=device)])
+        positions = torch.cat([positions, torch.arange(filler, device=device).expand(
+            *positions.shape[:-1], filler)], -1)
     bounds = {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest,
               "max_length_k": longest}
     if attention in ("sdpa", VARLEN_SDPA):
@@ -416,7 +421,7 @@ def pack(
         mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(
             ~allowed, torch.finfo(dtype).min)[None, None]
         bounds = {}
-    return Packed(input_ids=packed_ids[None], position_ids=positions[None],
+    return Packed(input_ids=packed_ids[None], position_ids=positions[..., None, :],
                   attention_mask=mask, keep=targets - 1,
                   labels=packed_ids.index_select(0, targets), where=where, slots=slots,
                   attention=bounds, host_keep=host_keep)

@@ -72,6 +72,7 @@ plain engine's all-reduce; FSDP2 shards over the data- and context-parallel rank
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -440,17 +441,23 @@ class TrainEngine:
         width = input_ids.shape[1]
         if not 0 < response_len < width:
             raise ValueError(f"response_len must be in 1..{width - 1}, got {response_len}")
-        if images is not None and self.remove_padding:
-            raise InputError("actor.use_remove_padding: packing rows with images is not built "
-                             "yet; set it to false for a vision-language model")
         if self.remove_padding:
             size = 1 if self.cp_group is None else dist.get_world_size(self.cp_group)
-            packed = pack(input_ids.to(self.device),
-                          attention_mask if host_mask is None else host_mask,
-                          position_ids.to(self.device), response_len,
-                          attention=attention_of(self.model), dtype=self.dtype, multiple_of=size)
+            ids, positions, inputs = input_ids.to(self.device), position_ids.to(self.device), {}
+            if images is not None:  # the text positions first, then the 3-D ones (4, b, T)
+                from rl_core.models.vision import image_inputs, image_positions
+
+                inputs = image_inputs(self.model, ids, *images)
+                rope = image_positions(self.model, ids, attention_mask.to(self.device), inputs)
+                positions = torch.cat([positions[None], rope])
+                del inputs["mm_token_type_ids"]  # what the positions are computed from
+            packed = pack(ids, attention_mask if host_mask is None else host_mask, positions,
+                          response_len, attention=attention_of(self.model), dtype=self.dtype,
+                          multiple_of=size)
+            if inputs:  # each row's patches in row order: the packed order
+                packed = dataclasses.replace(packed, inputs=inputs)
             if self.cp_group is None:
-                with self._routing(None):  # every packed token is valid
+                with self._routing(None), self._vision(images, inputs):  # all tokens valid
                     values, extra = self.head.packed(self.model, packed, temperature,
                                                      with_entropy)
             else:
@@ -465,7 +472,7 @@ class TrainEngine:
             from rl_core.models.vision import image_inputs
 
             extra, positions = image_inputs(self.model, ids, *images), None
-        with self._routing(mask):
+        with self._routing(mask), self._vision(images, extra):
             logprobs, entropy = self.head(
                 self.model, ids, mask, positions.to(self.device) if positions is not None
                 else None, keep, temperature, with_entropy, **extra)
@@ -473,6 +480,17 @@ class TrainEngine:
             logprobs = F.pad(logprobs, (0, right))
             entropy = F.pad(entropy, (0, right)) if entropy is not None else None
         return logprobs, entropy
+
+    def _vision(self, images: Any, inputs: Mapping[str, Any]) -> Any:
+        """In a backward pass of a vision-language model over rows without a picture, its
+        vision tower still in the graph (`rl_core.models.vision.vision_tower_in_graph`): every
+        rank's sharded vision tower then gets gradients, zeros where it saw no picture, and
+        all ranks reduce the same ones."""
+        if images is None or "pixel_values" in inputs or not torch.is_grad_enabled():
+            return contextlib.nullcontext()
+        from rl_core.models.vision import vision_tower_in_graph
+
+        return vision_tower_in_graph(self.model)
 
     def _routing(self, mask: torch.Tensor | None) -> Any:
         """Record the routers in a `train_step`'s forward (`mask`: the model input's valid

@@ -25,6 +25,8 @@ needs torchvision).
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -178,16 +180,59 @@ def image_inputs(model: torch.nn.Module, input_ids: torch.Tensor, pixel_values: 
     with image columns (`rl_core.data.batch.IMAGE_COLUMNS`): every row's real patches and grids
     in row order, on
     the model's device in its dtype, and which tokens are images (`mm_token_type_ids`, what
-    Qwen2.5-VL's 3-D positions are computed from). One host sync: the rows' patch counts."""
+    Qwen2.5-VL's 3-D positions are computed from). Rows without a picture among them: no
+    pixels (the vision tower does not run), an empty grid (the positions are still the
+    model's). One host sync: the rows' patch counts."""
     grids = image_grid_thw.reshape(-1, 3)
     real = grids.prod(-1) > 0
     counts = image_grid_thw.prod(-1).sum(-1).tolist()  # patches of each row
-    pixels = torch.cat([pixel_values[row, :n] for row, n in enumerate(counts)])
     param = next(model.parameters())
     token = model.config.image_token_id
-    return {"pixel_values": pixels.to(param.device, param.dtype),
-            "image_grid_thw": grids[real].to(param.device),
-            "mm_token_type_ids": (input_ids == token).int().to(param.device)}
+    inputs = {"image_grid_thw": grids[real].to(param.device),
+              "mm_token_type_ids": (input_ids == token).int().to(param.device)}
+    if any(counts):
+        pixels = torch.cat([pixel_values[row, :n] for row, n in enumerate(counts)])
+        inputs["pixel_values"] = pixels.to(param.device, param.dtype)
+    return inputs
+
+
+@contextlib.contextmanager
+def vision_tower_in_graph(model: torch.nn.Module) -> Iterator[None]:
+    """Within it, each forward of vision-language `model` also runs its vision tower on a
+    blank picture of one merged patch and adds 0 × its output to the token embeddings: the
+    outputs are unchanged, and a backward gives the tower's parameters gradients (zeros).
+    Data-parallel ranks reduce their gradients together (FSDP2 reduce-scatters those a
+    backward produced): a rank whose rows hold no picture would otherwise reduce fewer than
+    the others and the collective would not match (verl runs a blank image the same way)."""
+    visual = model.model.visual
+    config = visual.config
+    merge = int(config.spatial_merge_size)
+    width = int(config.in_channels * config.temporal_patch_size * config.patch_size ** 2)
+
+    def touch(_module: torch.nn.Module, _args: Any, embeds: torch.Tensor) -> torch.Tensor:
+        grid = torch.tensor([[1, merge, merge]], device=embeds.device)
+        blank = torch.zeros(merge * merge, width, device=embeds.device, dtype=visual.dtype)
+        features = visual(blank, grid_thw=grid).pooler_output
+        return embeds + 0.0 * features.sum().to(embeds.dtype)
+
+    handle = model.get_input_embeddings().register_forward_hook(touch)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def image_positions(model: torch.nn.Module, input_ids: torch.Tensor,
+                    attention_mask: torch.Tensor, inputs: dict[str, torch.Tensor]
+                    ) -> torch.Tensor:
+    """The 3-D rotary positions (3, B, T) (temporal, height, width) of rows `input_ids` (B, T)
+    with images (`inputs`: `image_inputs` of the rows), as the model computes them when not
+    given any: what a packed forward hands it, its rows' positions laid side by side."""
+    core = model.model  # the vision-language model under the LM head
+    positions, _ = core.get_rope_index(input_ids, inputs["mm_token_type_ids"],
+                                       image_grid_thw=inputs["image_grid_thw"],
+                                       attention_mask=attention_mask)
+    return positions
 
 
 def build_tiny_vl(name: str = "vl", seed: int = 0
@@ -218,6 +263,7 @@ def write_vl_folder(model: Qwen2_5_VLForConditionalGeneration, prompter: ImagePr
         path.chmod(0o755 if path.is_dir() else 0o644)
 
 
-__all__ = ["IMAGE_PAD", "ImagePrompt", "image_inputs", "ImagePrompter", "VISION_TOKENS",
+__all__ = ["IMAGE_PAD", "ImagePrompt", "image_inputs", "image_positions", "ImagePrompter",
+           "vision_tower_in_graph", "VISION_TOKENS",
            "build_image_processor", "build_tiny_vl", "build_vl_tokenizer",
            "tiny_vl_config", "write_vl_folder"]

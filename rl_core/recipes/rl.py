@@ -47,6 +47,7 @@ from rl_core.tracking import Timer, Tracker
 
 log = logging.getLogger("rl_core")
 DEFAULT_SAMPLE_EVERY = 10  # tools.monitor.sample_every: null
+SAMPLE_PICTURE_EDGE = 256  # the longest side of a sample's picture in the sample viewer, pixels
 
 ALGORITHMS = ("grpo", "dapo", "ppo")
 ACTOR_KEYS = ("input_ids", "attention_mask", "position_ids", "response_mask",
@@ -208,7 +209,30 @@ class RLTrainer:
             if f"reward_fn/{name}" in columns:
                 table[f"reward/{name}"] = [round(float(columns[f"reward_fn/{name}"][i]), 6)
                                            for i in rows]
+        if "pixel_values" in batch and self.ctl.image_processor is not None:
+            table["images"] = self._sample_pictures(batch, rows, step)
         self.ctl.tracker.log_table(table, f"samples/step_{step}.json")
+
+    def _sample_pictures(self, batch: Batch, rows: list[int], step: int) -> list[list[str]]:
+        """The pictures of the sampled rows as the model saw them (PNG files
+        `samples/step_<N>/<row>_<image>.png`, at most `SAMPLE_PICTURE_EDGE` pixels a side);
+        each row's list of their paths, relative to the run's artifacts."""
+        from rl_core.data.images import pictures_of
+
+        folder = self.ctl.output_dir / "samples" / f"step_{step}"
+        folder.mkdir(parents=True, exist_ok=True)
+        paths = []
+        for index, row in enumerate(rows):
+            pictures = pictures_of(batch["pixel_values"][row], batch["image_grid_thw"][row],
+                                   self.ctl.image_processor)
+            names = []
+            for number, picture in enumerate(pictures):
+                picture.thumbnail((SAMPLE_PICTURE_EDGE, SAMPLE_PICTURE_EDGE))
+                picture.save(folder / f"{index}_{number}.png")
+                names.append(f"samples/step_{step}/{index}_{number}.png")
+            paths.append(names)
+        self.ctl.tracker.log_artifacts(folder, f"samples/step_{step}")
+        return paths
 
     def dump_stages(self, batch: Batch, columns: Batch) -> None:
         """The data of the rollout and of the stages after it, in a dumped step

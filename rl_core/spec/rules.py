@@ -508,7 +508,7 @@ def has_images(s: RunSpec) -> bool:
 
 def _rule_images(s: RunSpec) -> Iterator[Violation]:
     """Prompts with images (`data.image_key`, or the synthetic `squares` task) train a
-    vision-language model padded (no packing), without tensor, context or expert parallelism,
+    vision-language model (padded or packed) without tensor, context or expert parallelism,
     generate with the native engine alone (no vLLM, no rollout group, no partial rollout), and
     are RL prompts: not DPO's pairs, no critic or reward model (text models) reading them."""
     d = s.data
@@ -519,8 +519,6 @@ def _rule_images(s: RunSpec) -> Iterator[Violation]:
         return
     what = "prompts with images"
     refused = [
-        ("actor.use_remove_padding", s.actor.use_remove_padding,
-         "packing rows with images is not built yet: set it to false"),
         ("parallel.tensor_parallel_size", s.parallel.tensor_parallel_size > 1, "set it to 1"),
         ("parallel.context_parallel_size", s.parallel.context_parallel_size > 1, "set it to 1"),
         ("parallel.expert_parallel_size", s.parallel.expert_parallel_size > 1, "set it to 1"),

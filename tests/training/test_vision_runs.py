@@ -5,8 +5,10 @@ step naming the record."""
 from __future__ import annotations
 
 import io
+import json
 
 import pytest
+from PIL import Image
 from learning import rose, validation_gain
 from test_trainer import read_metrics
 
@@ -35,21 +37,29 @@ def counting_spec(out, steps: int, **data) -> dict:
 def test_grpo_on_the_counting_warm_start_raises_validation_accuracy(tmp_path, tiny_cache):
     """tiny:vl-squares (the SFT of tiny:vl stopped at 40 %): 20 GRPO steps of 16 pictures x 8
     samples, validated on 100 pictures before and after (0.47 -> 0.61 here); the rollout, the
-    reference and the update all read the pictures, and the training reward rises too."""
+    reference and the update (packed) all read the pictures, and the training reward rises
+    too."""
     out = tmp_path / "vl"
-    RLTrainer(with_warm_start(resolve_spec(counting_spec(out, 20)))).fit()
+    spec = counting_spec(out, 20)
+    spec["actor"]["use_remove_padding"] = True  # the rows with their pictures packed
+    RLTrainer(with_warm_start(resolve_spec(spec))).fit()
     before, after = validation_gain(out)
     assert 0.2 < before < 0.8, f"the warm start should be right part of the time, got {before}"
     assert rose(before, after), f"validation accuracy did not rise: {before} -> {after}"
     rewards = [m["reward/mean"] for m in read_metrics(out) if "reward/mean" in m]
     assert sum(rewards[-5:]) > sum(rewards[:5]), rewards
     assert all("actor/kl_loss" in m for m in read_metrics(out) if "reward/mean" in m)
+    # the sample tables (steps 1, 10, 20) name each sample's picture as the model saw it
+    table = json.loads((out / "samples" / "step_20.json").read_text())
+    images = [row[table["columns"].index("images")] for row in table["data"]]
+    assert images == [[f"samples/step_20/{i}_0.png"] for i in range(4)]
+    for (path,) in images:
+        with Image.open(out / path) as shown:
+            assert shown.size == (56, 56)
 
 
 def test_a_broken_picture_fails_the_run_before_its_first_step_naming_the_record(tmp_path,
                                                                                 tiny_cache):
-    from PIL import Image
-
     folder = tmp_path / "data"
     folder.mkdir()
     good = io.BytesIO()

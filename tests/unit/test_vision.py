@@ -17,6 +17,7 @@ from rl_core.data.images import image_refs, load_images
 from rl_core.data.visual import CELL, GRID, QUESTION, write_squares
 from rl_core.models.vision import (IMAGE_PAD, VISION_TOKENS, VL_VOCAB, ImagePrompter,
                                    build_tiny_vl)
+from tests.ranks import spawn
 
 MESSAGES = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Count."}]}]
 
@@ -184,8 +185,6 @@ def test_a_picture_over_the_pixel_limit_is_refused_before_it_is_decoded(tmp_path
 
 
 @pytest.mark.parametrize("sections,field,message", [
-    ({"actor": {"use_remove_padding": True}}, "actor.use_remove_padding",
-     "packing rows with images is not built yet"),
     ({"rollout": {"engine": "vllm"}}, "rollout.engine", "vLLM is not given the images yet"),
     ({"algorithm": "ppo", "critic": {"enable": True}}, "critic.enable",
      "the critic is a text model"),
@@ -211,8 +210,9 @@ def test_images_with_a_text_model_are_refused_at_admission_naming_model_path():
     refused = admit(resolve_spec({"model": {"path": "tiny:small"},
                                   "data": {"synthetic": {"task": "squares"}}})).refusals
     assert any(r["field"] == "model.path" and "reads text only" in r["message"] for r in refused)
-    assert admit(resolve_spec({"model": {"path": "tiny:vl"},
-                               "data": {"synthetic": {"task": "squares"}}})).admitted
+    for model in ("tiny:vl", "tiny:vl-squares"):  # the warm start has its model's type
+        assert admit(resolve_spec({"model": {"path": model},
+                                   "data": {"synthetic": {"task": "squares"}}})).admitted, model
 
 
 # --------------------------------------------------------------------------- passes with pixels
@@ -305,6 +305,127 @@ def test_the_training_forward_with_pixels_equals_each_row_alone():
     before = model.model.visual.blocks[0].mlp.down_proj.weight.clone()
     assert engine.train_step(columns, loss_fn)["actor/grad_norm"] > 0
     assert not torch.equal(before, model.model.visual.blocks[0].mlp.down_proj.weight)
+
+
+def test_a_rows_pictures_come_back_from_its_patches_as_the_model_saw_them():
+    """The sample viewer's pictures: a row's patches (two pictures, padded) put back together
+    equal the pictures the processor cut them from (sizes already multiples of 28)."""
+    from rl_core.data.images import pictures_of
+
+    _, prompter = build_tiny_vl("vl")
+    pictures = [picture(84, 56, 4), picture(28, 28, 5)]
+    out = prompter.image_processor(images=pictures, return_tensors="pt")
+    pixels = torch.cat([out["pixel_values"], torch.zeros(5, out["pixel_values"].shape[1])])
+    grids = torch.cat([out["image_grid_thw"], torch.zeros(1, 3, dtype=torch.long)])
+    back = pictures_of(pixels, grids, prompter.image_processor)
+    assert [b.size for b in back] == [(84, 56), (28, 28)]
+    for want, got in zip(pictures, back):
+        assert np.array_equal(np.asarray(want), np.asarray(got))
+
+
+def test_packed_rows_with_pictures_equal_the_padded_rows():
+    """Rows with one, two and no pictures packed into sequences (`actor.use_remove_padding`):
+    each row's image tokens stay inside its row, its patches in row order and its 3-D
+    positions its own, so the log-probs, the entropy and a step's gradients equal the padded
+    forward's; the image encoder keeps its own boundaries (each picture's patches)."""
+    import copy
+
+    from rl_core.data.prompts import response_batch
+    from rl_core.engines.train import TrainEngine
+    from tests.unit.test_train_engine import assert_same_step, step_with_grads
+
+    model, prompter = build_tiny_vl("vl", seed=3)
+    prompts = image_prompts(prompter, SPECS + [(0, "No picture here", [])])
+    responses = [[50, 51, 258], [52, 258], [53, 54, 55, 258], [56, 258]]
+    data = response_batch(prompts, responses, 256).with_sequences()
+    width = data["response_mask"].shape[1]
+    images = (data["pixel_values"], data["image_grid_thw"])
+    padded = TrainEngine(model, lr=1e-6, micro_batch_size=2)  # see assert_same_step
+    packed = TrainEngine(copy.deepcopy(model), lr=1e-6, micro_batch_size=2,
+                         remove_padding=True)
+    args = (data["input_ids"], data["attention_mask"], data["position_ids"], width)
+    want, want_entropy = padded.forward_logprobs(*args, with_entropy=True, images=images)
+    got, entropy = packed.forward_logprobs(*args, with_entropy=True, images=images)
+    mask = data["response_mask"].bool()
+    assert torch.allclose(got[mask], want[mask], atol=1e-5)
+    assert torch.allclose(entropy[mask], want_entropy[mask], atol=1e-5)
+    assert torch.all(got[~mask] == 0)
+    columns = {**data.to_dict(), "old_logprobs": want,
+               "advantages": torch.tensor([[1.0], [-1.0], [0.5], [0.25]]).expand(4, width)}
+
+    def loss_fn(micro, new, _entropy):
+        mask = micro["response_mask"].float()
+        return -(new * micro["advantages"] * mask).sum() / mask.sum(), {}
+
+    metrics, grads = step_with_grads(padded, columns, loss_fn)
+    _, packed_grads = step_with_grads(packed, columns, loss_fn)
+    assert metrics["actor/grad_norm"] > 0
+    assert_same_step(padded, packed, grads, packed_grads)
+
+
+def vl_batch(seed: int):
+    """A tiny VL model and a 4-row batch (one, two, one and no pictures) with old log-probs off
+    the policy and advantages, for a PPO-style step."""
+    from rl_core.data.prompts import response_batch
+    from rl_core.engines.train import TrainEngine
+
+    model, prompter = build_tiny_vl("vl", seed=seed)
+    prompts = image_prompts(prompter, SPECS + [(0, "No picture here", [])])
+    data = response_batch(prompts, [[50, 51, 258], [52, 258], [53, 54, 55, 258], [56, 258]],
+                          256).with_sequences()
+    width = data["response_mask"].shape[1]
+    batch = data.to_dict()
+    with torch.no_grad():
+        old, _ = TrainEngine(model, lr=1e-6).forward_logprobs(
+            batch["input_ids"], batch["attention_mask"], batch["position_ids"], width,
+            images=(batch["pixel_values"], batch["image_grid_thw"]))
+    g = torch.Generator().manual_seed(seed)
+    batch["old_logprobs"] = old + 0.05 * torch.randn(old.shape, generator=g)
+    batch["advantages"] = torch.randn(4, 1, generator=g).expand(4, width).clone()
+    return model, batch
+
+
+def _fsdp_vl_rank(rank: int, out: str) -> None:
+    import torch.distributed as dist
+
+    from rl_core.device import device_mesh
+    from rl_core.engines.fsdp import FSDP2Engine
+    from tests.unit.test_train_engine import ppo_loss_fn
+
+    model, batch = vl_batch(seed=4)
+    engine = FSDP2Engine(model, mesh=device_mesh(torch.device("cpu"), dist.get_world_size()),
+                         lr=1e-6, micro_batch_size=1, remove_padding=True)
+    grads: dict[str, torch.Tensor] = {}
+    engine.inner.optimizer.register_step_pre_hook(lambda *_: grads.update(
+        {n: p.grad.full_tensor() for n, p in engine.model.named_parameters()}))
+    rows = slice(2 * rank, 2 * rank + 2)
+    metrics = engine.train_step({k: v[rows] for k, v in batch.items()}, ppo_loss_fn())
+    if rank == 0:
+        torch.save({"metrics": metrics, "grads": grads}, out)
+
+
+def test_two_sharded_ranks_train_a_vision_language_model_as_one_plain_rank(tmp_path):
+    """FSDP2 over two ranks, each with two of the rows and their pictures (packed): the vision
+    tower is sharded with the rest; the step's metrics and gradients equal one plain rank's on
+    all four rows."""
+    from rl_core.engines.train import TrainEngine
+    from tests.unit.test_train_engine import ppo_loss_fn
+
+    out = tmp_path / "vl.pt"
+    spawn(_fsdp_vl_rank, 2, tmp_path, str(out))
+    sharded = torch.load(out, weights_only=False)
+    model, batch = vl_batch(seed=4)
+    plain = TrainEngine(model, lr=1e-6, micro_batch_size=1)
+    grads = {}
+    plain.optimizer.register_step_pre_hook(lambda *_: grads.update(
+        {n: p.grad.clone() for n, p in plain.model.named_parameters()}))
+    want = plain.train_step(batch, ppo_loss_fn())
+    assert want["actor/grad_norm"] > 0
+    assert sharded["metrics"] == pytest.approx(want, rel=1e-5, abs=1e-6)
+    assert sorted(sharded["grads"]) == sorted(grads)
+    assert any(name.startswith("model.visual.") for name in grads)
+    for name, value in grads.items():
+        assert torch.allclose(sharded["grads"][name], value, rtol=1e-4, atol=1e-7), name
 
 
 # --------------------------------------------------------------------------- counting task
