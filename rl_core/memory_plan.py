@@ -174,6 +174,8 @@ DEVICE_NOUN = {"npu": "NPU", "gpu": "GPU", "cpu": "device"}
 # The tiny models' byte vocabulary: 256 bytes, 3 special tokens and 4 format tags
 # (`len(rl_core.models.tokenizer.VOCAB)`, which imports the tokenizers library).
 TINY_VOCAB_SIZE = 263
+# ... and a tiny vision-language model's: 3 vision tokens more (`rl_core.models.vision.VL_VOCAB`)
+TINY_VL_VOCAB_SIZE = TINY_VOCAB_SIZE + 3
 # The fast decoder's static cache rounds its length up to this (`_StaticCache.ROUND`).
 KV_LENGTH_ROUND = 64
 
@@ -189,7 +191,9 @@ class ModelShape:
     q, k, v projections (Llama's `attention_bias` adds `o_bias` on the output projection too);
     `qk_norm` is Qwen3's RMSNorm on each head of q and k. A mixture of experts of the Qwen3-MoE
     kind has `num_experts` SwiGLU experts of width `moe_intermediate_size` and a router in
-    every layer's MLP, `num_experts_per_tok` of them computing each token.
+    every layer's MLP, `num_experts_per_tok` of them computing each token. A vision-language
+    model's vision tower has `vision_parameters` (`vision_tower_parameters`), beside the
+    decoder layers like the embeddings (FSDP2 shards it with the root).
     """
 
     hidden_size: int
@@ -209,6 +213,7 @@ class ModelShape:
     num_experts: int = 0
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
+    vision_parameters: int = 0
 
     @property
     def is_moe(self) -> bool:
@@ -267,9 +272,10 @@ class ModelShape:
 
     @property
     def root_parameters(self) -> int:
-        """Parameters outside the decoder layers: embeddings, final norm, output head."""
+        """Parameters outside the decoder layers: embeddings, final norm, output head (and a
+        vision-language model's vision tower)."""
         head = 0 if self.tie_word_embeddings else self.embedding_parameters
-        return self.embedding_parameters + self.hidden_size + head
+        return self.embedding_parameters + self.hidden_size + head + self.vision_parameters
 
     @property
     def parameters(self) -> int:
@@ -307,6 +313,30 @@ def _qwen3_moe(h, inter, layers, heads, kv, experts, top_k, width) -> ModelShape
                       num_experts_per_tok=top_k, moe_intermediate_size=width)
 
 
+def vision_tower_parameters(vision: Mapping[str, Any], out_hidden_size: int = 0) -> int:
+    """Parameters of a Qwen2.5-VL vision tower of config `vision` (its `vision_config`): the
+    patch embedding (a 3-D convolution without bias), `depth` blocks (two RMSNorms, the qkv and
+    output projections with biases, a gated MLP with biases) and the merger (an RMSNorm and two
+    linear layers over each merged block of patches, out to the text model's width)."""
+    h, inter = int(vision["hidden_size"]), int(vision["intermediate_size"])
+    merged = h * int(vision.get("spatial_merge_size") or 2) ** 2
+    out = int(vision.get("out_hidden_size") or out_hidden_size)
+    channels = int(vision.get("in_channels") or vision.get("in_chans") or 3)
+    pixels = (channels * int(vision.get("temporal_patch_size") or 2)
+              * int(vision.get("patch_size") or 14) ** 2)
+    block = 2 * h + (3 * h * h + 3 * h) + (h * h + h) + (3 * h * inter + 2 * inter + h)
+    merger = h + merged * merged + merged + merged * out + out
+    return pixels * h + int(vision["depth"]) * block + merger
+
+
+def _qwen2_5_vl(h, inter, layers, heads, kv, vocab, tied) -> ModelShape:
+    """A Qwen2.5-VL: a Qwen2.5 text model under the vision tower all its sizes share."""
+    tower = {"hidden_size": 1280, "intermediate_size": 3420, "depth": 32}
+    return ModelShape(h, inter, layers, heads, kv, vocab, tied, 128000, qkv_bias=True,
+                      model_type="qwen2_5_vl",
+                      vision_parameters=vision_tower_parameters(tower, out_hidden_size=h))
+
+
 def _llama(h, inter, layers, heads, kv, tied, head_dim=None) -> ModelShape:
     return ModelShape(h, inter, layers, heads, kv, 128256, tied, 131072, head_dim=head_dim)
 
@@ -331,6 +361,10 @@ _BASE_SHAPES: dict[str, ModelShape] = {
     "Qwen/Qwen3-32B": _qwen3(5120, 25600, 64, 64, 8, False),  # 32.8B
     "Qwen/Qwen3-30B-A3B": _qwen3_moe(2048, 6144, 48, 32, 4, 128, 8, 768),  # 30.5B, 3.3B active
     "Qwen/Qwen3-235B-A22B": _qwen3_moe(4096, 12288, 94, 64, 4, 128, 8, 1536),  # 235B, 22B active
+    "Qwen/Qwen2.5-VL-3B": _qwen2_5_vl(2048, 11008, 36, 16, 2, 151936, True),  # 3.75B
+    "Qwen/Qwen2.5-VL-7B": _qwen2_5_vl(3584, 18944, 28, 28, 4, 152064, False),  # 8.29B
+    "Qwen/Qwen2.5-VL-32B": _qwen2_5_vl(5120, 27648, 64, 40, 8, 152064, False),  # 33.5B
+    "Qwen/Qwen2.5-VL-72B": _qwen2_5_vl(8192, 29568, 80, 64, 8, 152064, False),  # 73.4B
     "meta-llama/Llama-3.1-8B": _llama(4096, 14336, 32, 32, 8, False),  # 8.03B
     "meta-llama/Llama-3.1-70B": _llama(8192, 28672, 80, 64, 8, False),  # 70.6B
     "meta-llama/Llama-3.2-1B": _llama(2048, 8192, 16, 32, 8, True, head_dim=64),  # 1.24B
@@ -371,6 +405,7 @@ def shape_from_config(config: Mapping[str, Any], source: str = "config.json") ->
     of another kind than Qwen3-MoE's (shared experts, dense layers between sparse ones).
     """
     outer_type = config.get("model_type")  # a vision-language model's, not its text model's
+    vision = config.get("vision_config") if outer_type == "qwen2_5_vl" else None
     if "hidden_size" not in config and isinstance(config.get("text_config"), Mapping):
         config = config["text_config"]
     experts = int(config.get("num_experts") or config.get("num_local_experts")
@@ -410,6 +445,8 @@ def shape_from_config(config: Mapping[str, Any], source: str = "config.json") ->
         num_experts=experts,
         num_experts_per_tok=int(config.get("num_experts_per_tok") or 0) if experts else 0,
         moe_intermediate_size=int(config.get("moe_intermediate_size") or 0) if experts else 0,
+        vision_parameters=vision_tower_parameters(vision, int(config["hidden_size"]))
+        if isinstance(vision, Mapping) else 0,
     )
 
 
@@ -417,8 +454,14 @@ def tiny_shape(size: str) -> ModelShape:
     """The shape of the built-in `tiny:<size>` model (ValueError for an unknown size)."""
     preset = get_size(size)
     base = WARM_BASES[size].size if size in WARM_BASES else size  # a warm start: its model's
-    if base in TINY_VISION:  # its text model's shape (the vision tower is not counted)
-        return dataclasses.replace(tiny_shape(TINY_VISION[base].text), model_type="qwen2_5_vl")
+    if base in TINY_VISION:  # its text model under its vision tower (rl_core.models.vision)
+        vision = TINY_VISION[base]
+        text = tiny_shape(vision.text)
+        tower = {"hidden_size": vision.hidden_size, "intermediate_size": vision.intermediate_size,
+                 "depth": vision.depth}
+        return dataclasses.replace(
+            text, vocab_size=TINY_VL_VOCAB_SIZE, model_type="qwen2_5_vl",
+            vision_parameters=vision_tower_parameters(tower, text.hidden_size))
     if preset.is_moe:
         return ModelShape(preset.hidden_size, preset.intermediate_size, preset.num_hidden_layers,
                           preset.num_attention_heads, preset.num_key_value_heads,

@@ -77,7 +77,8 @@ def test_a_mixture_of_experts_and_a_vision_language_model_train_from_the_web_ui(
     expect(samples.locator("thead th").last).to_have_text("images")
     first = pictures.first
     first.scroll_into_view_if_needed()
-    page.wait_for_function("img => img.complete && img.naturalWidth > 0", arg=first.element_handle())
+    page.wait_for_function("img => img.complete && img.naturalWidth > 0",
+                           arg=first.element_handle())
     assert first.evaluate("img => [img.naturalWidth, img.naturalHeight]") == [56, 56]
     screenshot(page, "run-samples-pictures", page.locator("section.card").filter(
         has=page.get_by_role("heading", name="Samples", exact=True)))

@@ -161,6 +161,24 @@ def test_a_qwen3_moe_config_counts_its_experts_and_its_active_parameters(tmp_pat
     assert round(huge.parameters / 1e9) == 235 and round(huge.active_parameters / 1e9) == 22
 
 
+def test_a_vision_language_model_counts_its_vision_tower():
+    """tiny:vl (and its warm start): the text model, its 3 vision tokens and the vision tower,
+    exactly as built, from the preset and from its config.json; the known Qwen2.5-VL models
+    count their published sizes."""
+    from rl_core.models.tiny import count_parameters
+    from rl_core.models.vision import build_tiny_vl
+
+    model, _ = build_tiny_vl("vl")
+    shape = mp.shape_from_config(model.config.to_dict())
+    assert shape.parameters == count_parameters(model) == mp.tiny_shape("vl").parameters
+    assert mp.tiny_shape("vl-squares") == mp.tiny_shape("vl")
+    assert shape.vision_parameters == count_parameters(model.model.visual)
+    published = {"3B": 3.75, "7B": 8.29, "32B": 33.45, "72B": 73.41}
+    for size, billions in published.items():
+        counted = mp.KNOWN_SHAPES[f"Qwen/Qwen2.5-VL-{size}-Instruct"].parameters
+        assert round(counted / 1e9, 2) == billions, size
+
+
 def test_expert_parallelism_gathers_a_share_of_each_layers_experts():
     sections = {"model": {"path": "tiny:moe"}, "actor": {"strategy": "fsdp2"},
                 "resources": {"devices_per_node": 4},
