@@ -4,9 +4,9 @@
     python bench/device_check.py --smoke    # every line on the CPU at a tiny size (CI runs it)
     python bench/device_check.py --only collectives,packing --json out.json
 
-It imports nothing beyond torch, transformers, safetensors, tokenizers, pydantic and math-verify
-(with rl_core itself), what a bare accelerator host has or what travels as wheels (docs/
-operations.md says how). The lines, each `ok`, `FAIL` (with the error) or `skip` (with why):
+It imports nothing beyond torch, transformers, safetensors, tokenizers, pydantic, math-verify and
+numpy (with rl_core itself; the vision line pillow too, skipped without it), what a bare
+accelerator host has or what travels as wheels (docs/operations.md says how). The lines, each `ok`, `FAIL` (with the error) or `skip` (with why):
 
 - collectives: counts and sums reduced through rl_core.collectives on the device's backend (nccl,
   hccl; gloo on CPU), one rank: integers come back exact, on the device they were made for.
@@ -25,6 +25,11 @@ operations.md says how). The lines, each `ok`, `FAIL` (with the error) or `skip`
   graphs (the default where the device has them) and with plain steps, against the floor set
   by the memory bandwidth measured here (every decode step reads the weights and the KV cache
   once); both must generate the same number of tokens (the same draws).
+- moe: a mixture of experts: the experts' grouped matmul (one kernel call for all experts where
+  the device has it) against one matmul per expert, and an update of tiny:moe (smoke:
+  tiny:moe-nano) with the routers' load-balancing loss; its time.
+- vision: a vision-language model (tiny:vl, Qwen2.5-VL's layout): 8 prompts with pictures of
+  three sizes, their log-probs packed and padded agree; each update's time.
 - demo: the demo recipe (the tiny:small-addition warm start, then GRPO on two-digit addition,
   float32; 60 steps, 2 with --smoke): the warm start's SFT accuracy and GRPO's last validation
   accuracy (the CPU reaches about 47 % and 80 %).
@@ -54,7 +59,8 @@ from rl_core.collectives import all_reduce, reduce_numbers  # noqa: E402
 FULL_SHAPE = {"hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14,
               "num_key_value_heads": 2, "intermediate_size": 4864,
               "max_position_embeddings": 2048}
-LINES = ("collectives", "fsdp2", "packing", "masters", "logprobs", "mfu", "rollout", "demo")
+LINES = ("collectives", "fsdp2", "packing", "masters", "logprobs", "mfu", "rollout", "moe",
+         "vision", "demo")
 
 
 class Check:
@@ -342,10 +348,91 @@ def line_demo(check: Check) -> dict:
     return {"ok": bool(accuracy), "val_accuracy": [round(a, 3) for a in accuracy]}
 
 
+def line_moe(check: Check) -> dict:
+    from rl_core.engines.experts import grouped_linear
+    from rl_core.models.tiny import build_tiny
+
+    experts, rows, width = (8, 64, 32) if check.smoke else (128, 16384, 2048)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(rows, width, generator=g).to(check.device, check.dtype)
+    w = (torch.randn(experts, width // 2, width, generator=g) / width ** 0.5).to(
+        check.device, check.dtype)
+    cuts = torch.sort(torch.randint(0, rows + 1, (experts - 1,), generator=g)).values
+    offsets = torch.cat([cuts, torch.tensor([rows])]).to(torch.int32)
+    starts = [0, *offsets.tolist()]
+    want = torch.cat([x[a:b] @ w[e].T for e, (a, b) in enumerate(zip(starts, starts[1:]))])
+    got = grouped_linear(x, w, offsets.to(check.device))
+    diff = ((got - want).abs().max() / want.abs().max()).item()
+    grouped_s = _timed(check, lambda: grouped_linear(x, w, offsets.to(check.device)))
+    model, _ = build_tiny("moe-nano" if check.smoke else "moe", seed=0)
+    engine = _engine(check, model, packed=False, router_aux_loss_coef=0.001)
+    batch = _batch(check)
+    metrics = engine.train_step(batch, _loss)
+    step_s = _timed(check, lambda: engine.train_step(batch, _loss), repeats=1)
+    tolerance = 1e-4 if check.dtype == torch.float32 else 2e-2
+    return {"ok": diff <= tolerance and metrics["actor/moe/aux_loss"] > 0,
+            "grouped_rel_diff": round(diff, 6), "grouped_s": round(grouped_s, 4),
+            "aux_loss": round(metrics["actor/moe/aux_loss"], 4), "step_s": round(step_s, 3)}
+
+
+def _picture_batch(prompter, pictures: int) -> dict[str, torch.Tensor]:
+    """`pictures` chat prompts, each with one random picture of one of three sizes, and random
+    responses of 4-12 tokens, as a rollout batch's columns."""
+    import numpy as np
+    from PIL import Image
+
+    from rl_core.data.batch import PromptIds
+    from rl_core.data.prompts import response_batch
+
+    rng = np.random.default_rng(0)
+    messages = [{"role": "user", "content": [{"type": "image"},
+                                             {"type": "text", "text": "How many squares?"}]}]
+    text = prompter.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                                  tokenize=False)
+    prompts, responses = [], []
+    for row in range(pictures):
+        width, height = [(56, 56), (112, 56), (56, 84)][row % 3]
+        picture = Image.fromarray(rng.integers(0, 255, (height, width, 3), dtype=np.uint8))
+        prompt = prompter(text, [picture])
+        prompts.append(PromptIds(prompt.ids, prompt))
+        responses.append(rng.integers(0, 256, int(rng.integers(4, 13))).tolist())
+    data = response_batch(prompts, responses, prompter.tokenizer.pad_token_id).with_sequences()
+    batch = data.to_dict()
+    width = batch["response_mask"].shape[1]
+    batch["old_logprobs"] = torch.zeros(pictures, width)
+    batch["advantages"] = torch.randn(pictures, 1).expand(pictures, width).contiguous()
+    return batch
+
+
+def line_vision(check: Check) -> dict:
+    import importlib.util
+
+    if importlib.util.find_spec("PIL") is None:
+        return {"skip": "pillow is not installed (the image processor needs it)"}
+    from rl_core.models.vision import build_tiny_vl
+
+    model, prompter = build_tiny_vl("vl", seed=0)
+    batch = _picture_batch(prompter, 8)
+    padded = _engine(check, copy.deepcopy(model), packed=False)
+    packed = _engine(check, model, packed=True)
+    columns = (batch["input_ids"], batch["attention_mask"], batch["position_ids"],
+               batch["response_mask"].shape[1])
+    images = (batch["pixel_values"], batch["image_grid_thw"])
+    want, _ = padded.forward_logprobs(*columns, images=images)
+    got, _ = packed.forward_logprobs(*columns, images=images)
+    mask = batch["response_mask"].bool()
+    diff = (want[mask] - got[mask]).abs().max().item()
+    tolerance = 1e-4 if check.dtype == torch.float32 else 5e-2
+    padded_s = _timed(check, lambda: padded.train_step(batch, _loss), repeats=1)
+    packed_s = _timed(check, lambda: packed.train_step(batch, _loss), repeats=1)
+    return {"ok": diff <= tolerance, "max_logprob_diff": round(diff, 6),
+            "padded_s": round(padded_s, 3), "packed_s": round(packed_s, 3)}
+
+
 CHECKS: dict[str, Callable[[Check], dict]] = {
     "collectives": line_collectives, "fsdp2": line_fsdp2, "packing": line_packing,
     "masters": line_masters, "logprobs": line_logprobs, "mfu": line_mfu,
-    "rollout": line_rollout, "demo": line_demo,
+    "rollout": line_rollout, "moe": line_moe, "vision": line_vision, "demo": line_demo,
 }
 
 
