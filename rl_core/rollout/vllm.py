@@ -156,13 +156,15 @@ class VLLMRolloutEngine:
             for bucket in buckets:
                 for name, tensor in bucket:
                     names.add(name)
-                    yield name, tensor.detach()
+                    yield from checkpoint_names(name, tensor.detach())
 
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": stream()})
         if not names:
             raise ValueError("load_weights got no weights")
         if self.device.type == "cpu":
             self.llm.apply_model(_repack_cpu_kernels)
+            if any(name.endswith(FUSED_EXPERTS) for name in names):
+                self.llm.apply_model(_repack_cpu_experts)
         self.llm.reset_prefix_cache()
         self.weight_version = version
 
@@ -352,6 +354,45 @@ def _reason(exc: BaseException) -> str:
         if cut >= 0 else text
 
 
+# A mixture of experts' tensors as transformers holds them (all experts of a layer fused) and as
+# checkpoints name them, one tensor per expert (what vLLM's loaders map onto their kernels).
+FUSED_EXPERTS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
+
+
+def checkpoint_names(name: str, tensor: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
+    """A trained tensor under the checkpoint names vLLM loads: a mixture of experts' fused
+    `experts.gate_up_proj` (E, 2I, H) as each expert's `gate_proj` and `up_proj` (I, H) (the
+    gate the first half, as transformers computes it) and `experts.down_proj` (E, H, I) as each
+    expert's `down_proj`, views without a copy; any other tensor as it is."""
+    if name.endswith(FUSED_EXPERTS[0]):
+        prefix, half = name[:-len("gate_up_proj")], tensor.shape[1] // 2
+        for expert, weight in enumerate(tensor):
+            yield f"{prefix}{expert}.gate_proj.weight", weight[:half]
+            yield f"{prefix}{expert}.up_proj.weight", weight[half:]
+    elif name.endswith(FUSED_EXPERTS[1]):
+        prefix = name[:-len("down_proj")]
+        for expert, weight in enumerate(tensor):
+            yield f"{prefix}{expert}.down_proj.weight", weight
+    else:
+        yield name, tensor
+
+
+def _repack_cpu_experts(model: torch.nn.Module) -> int:
+    """Re-pack every mixture-of-experts layer's weights into the CPU kernel's layout after an
+    in-place reload: vLLM's reload writes them in checkpoint layout and re-runs the layer's
+    weight processing, but skips the CPU kernel's own packing on an update (it packs on the
+    first load only), which would leave the kernel reading unpacked weights. Returns the
+    number of layers re-packed."""
+    count = 0
+    for module in model.modules():
+        kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
+        experts = getattr(kernel, "fused_experts", None)
+        if experts is not None and hasattr(module, "w13_weight"):
+            experts.process_weights_after_loading(module)
+            count += 1
+    return count
+
+
 def _repack_cpu_kernels(model: torch.nn.Module) -> int:
     """Re-run the CPU GEMM dispatch of the layers that kept their weight beside a packed copy
     of it (vocabulary embeddings and a tied `lm_head`): the in-place reload refreshes the weight
@@ -368,5 +409,6 @@ def _repack_cpu_kernels(model: torch.nn.Module) -> int:
     return count
 
 
-__all__ = ["StaleWeightsError", "VLLMRolloutEngine", "cpu_kv_cache_bytes", "import_vllm",
+__all__ = ["StaleWeightsError", "VLLMRolloutEngine", "checkpoint_names", "cpu_kv_cache_bytes",
+           "import_vllm",
            "join_tensor_parallel", "vllm_available"]

@@ -544,8 +544,9 @@ def model_violations(s: RunSpec, experts: int, model_type: str = "") -> list[Vio
     experts and its type are known (from its config.json or a tiny preset): images need a
     vision-language model; expert parallelism and
     the balancing loss need experts (as many as the expert-parallel size divides); a mixture of
-    experts trains without tensor and context parallelism, and generates without a native
-    rollout group (whose fast decoder splits dense layers only)."""
+    experts trains without tensor and context parallelism, and generates whole on each device
+    (no native rollout group, whose fast decoder splits dense layers only; no vLLM
+    tensor-parallel group, whose sync is verified for dense models only)."""
     p, out = s.parallel, []
     what = f" ({model_type})" if model_type else ""
     if has_images(s) and model_type not in VISION_MODEL_TYPES:
@@ -572,17 +573,13 @@ def model_violations(s: RunSpec, experts: int, model_type: str = "") -> list[Vio
         if size > 1:
             out.append((field, f"{size} is not supported for {moe}: set it to 1 and split "
                         "the experts with parallel.expert_parallel_size"))
-    if planned_engine(s) == "vllm":
-        auto = " (auto takes vLLM on gpu and npu)" if s.rollout.engine == "auto" else ""
-        out.append(("rollout.engine",
-                    f"{s.rollout.engine}{auto}: the sync of the trained weights into vLLM does "
-                    f"not cover {moe} yet (its loader does not take the experts' fused "
-                    "tensors): set rollout.engine: native"))
-    elif s.rollout.tensor_parallel_size > 1:
+    if s.rollout.tensor_parallel_size > 1:
+        how = ("the sync into a vLLM tensor-parallel group is verified for dense models only"
+               if planned_engine(s) == "vllm" else
+               "the native engine's rollout groups split dense layers only")
         out.append(("rollout.tensor_parallel_size",
-                    f"{s.rollout.tensor_parallel_size}: the native engine's rollout groups "
-                    f"split dense layers only, and {moe} generates whole on each device: set "
-                    "it to 1"))
+                    f"{s.rollout.tensor_parallel_size}: {how}, and {moe} generates whole on "
+                    "each device: set it to 1"))
     return out
 
 

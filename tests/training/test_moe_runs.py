@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from learning import rose, validation_gain
 from test_trainer import read_metrics, tiny_spec
 
@@ -68,3 +69,59 @@ def test_two_expert_parallel_ranks_on_ray_equal_one_rank_in_process(tmp_path, ti
         assert "actor/moe/load_max" in right
         assert comparable(left) == pytest.approx(comparable(right), rel=1e-4, abs=3e-6), \
             left["step"]
+
+
+def test_vllm_serves_the_mixture_of_experts_the_trainer_syncs(tiny_cache):
+    """tiny:moe on vLLM's CPU build: its experts come from the training engine's fused tensors
+    as one tensor per expert (the names vLLM's loader maps onto its kernel), and vLLM's CPU
+    kernel packs them again after each in-place reload (vLLM packs on the first load only).
+    Before and after an update, vLLM's log-probs of its greedy tokens are the trained model's,
+    and the update changed them."""
+    from transformers import AutoModelForCausalLM
+
+    from rl_core.data.prompts import response_batch
+    from rl_core.engines.train import TrainEngine, token_logprobs
+    from rl_core.models.tiny import resolve_tiny
+    from rl_core.rollout.sampling import SamplingParams
+    from rl_core.rollout.vllm import VLLMRolloutEngine, vllm_available
+
+    if not vllm_available():
+        pytest.skip("vLLM is not installed")
+    folder = resolve_tiny("moe")
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    engine = TrainEngine(model, lr=0.05, warmup_steps=0)
+    rollout = VLLMRolloutEngine(str(folder), eos_token_ids=[258], pad_token_id=256,
+                                device="cpu", dtype=torch.float32, max_model_len=128)
+    prompts = [[1, 2, 3, 4, 5], [10, 20, 30], [100, 101, 102, 103, 104, 105, 106]]
+
+    def served(version: int) -> list[float]:
+        """Sync, generate greedily; the gap to the trained model's log-probs and those."""
+        rollout.load_weights(engine.weight_buckets(), version=version)
+        batch = rollout.generate(prompts, SamplingParams(max_new_tokens=4, do_sample=False),
+                                 seeds=[0, 1, 2])
+        values = []
+        for row, prompt in enumerate(prompts):
+            tokens = batch.response_ids[row][:batch.response_lengths[row]].tolist()
+            sequence = torch.tensor([prompt + tokens])
+            with torch.no_grad():
+                logits = model(sequence).logits
+            want, _ = token_logprobs(logits[:, len(prompt) - 1:-1], sequence[:, len(prompt):])
+            got = batch.logprobs[row][:len(tokens)]
+            assert torch.allclose(got, want[0], atol=1e-4), (version, row, got, want)
+            values += got.tolist()
+        return values
+
+    try:
+        before = served(0)
+        data = response_batch(prompts, [[50, 51, 258], [52, 258], [53, 54, 55, 258]],
+                              256).with_sequences()
+
+        def loss_fn(micro, new, _entropy):
+            mask = micro["response_mask"].float()
+            return -(new * mask).sum() / mask.sum(), {}
+
+        engine.train_step(data.to_dict(), loss_fn)
+        after = served(1)
+        assert max(abs(a - b) for a, b in zip(after, before)) > 1e-3
+    finally:
+        rollout.close()

@@ -269,7 +269,8 @@ def test_expert_parallel_layouts_the_engine_cannot_run_are_refused(sections, fie
      "parallel.context_parallel_size", "not supported for a mixture of experts"),
     ("tiny:moe", {"rollout": {"tensor_parallel_size": 2, "engine": "native"}},
      "rollout.tensor_parallel_size", "split dense layers only"),
-    ("tiny:moe", {"rollout": {"engine": "vllm"}}, "rollout.engine", "set rollout.engine: native"),
+    ("tiny:moe", {"rollout": {"tensor_parallel_size": 2, "engine": "vllm"}},
+     "rollout.tensor_parallel_size", "verified for dense models only"),
 ])
 def test_what_the_model_cannot_give_is_refused_at_admission_naming_the_field(model, sections,
                                                                               field, message):
