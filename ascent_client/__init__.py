@@ -157,13 +157,13 @@ class Client:
     def submit(self, experiment: str | int, spec: Mapping[str, Any], *,
                overrides: Sequence[str] = (), name: str = "", priority: int | None = None,
                max_restarts: int | None = None, cluster: str | None = None,
-               idempotency_key: str | None = None) -> dict:
+               preemptible: bool | None = None, idempotency_key: str | None = None) -> dict:
         """Submit a run; the run (with `created`: False when `idempotency_key` found the run an
         earlier submission made)."""
         body: dict[str, Any] = {"experiment": self.experiment_id(experiment), "spec": dict(spec),
                                 "overrides": list(overrides), "name": name}
         for key, value in (("priority", priority), ("max_restarts", max_restarts),
-                           ("cluster", cluster)):
+                           ("cluster", cluster), ("preemptible", preemptible)):
             if value is not None:
                 body[key] = value
         headers = {"Idempotency-Key": idempotency_key[:MAX_KEY]} if idempotency_key else {}

@@ -72,7 +72,8 @@ def cmd_submit(client: Client, args: argparse.Namespace) -> int:
     key = args.idempotency_key or Client.pipeline_key(spec, args.set, experiment)
     run = client.submit(experiment, spec, overrides=args.set, name=args.name or "",
                         priority=args.priority, max_restarts=args.max_restarts,
-                        cluster=args.cluster, idempotency_key=key)
+                        cluster=args.cluster, idempotency_key=key,
+                        preemptible=False if args.never_preempt else None)
     page = f"{client.url}/runs/{run['id']}/"
     if run["created"]:
         say(f"run {run['id']} submitted ({run['state']}): {page}")
@@ -146,6 +147,9 @@ def parser() -> argparse.ArgumentParser:
     submit.add_argument("--priority", type=int, help="higher runs first")
     submit.add_argument("--max-restarts", type=int, help="automatic retries after a failure")
     submit.add_argument("--cluster", help="run only on this cluster (by name)")
+    submit.add_argument("--never-preempt", action="store_true",
+                        help="never stop this run for a more urgent one (default: it may be "
+                        "preempted while its project holds more than its share, and resumes)")
     submit.add_argument("--idempotency-key", help="submit at most once per key (default: from "
                         "the pipeline's job, in GitHub Actions, GitLab CI, Airflow or Jenkins)")
     submit.add_argument("--wait", action="store_true",

@@ -1,7 +1,7 @@
 """Placement speed: `experiments.placement.place` on a large seeded queue and many clusters.
 
     python bench/placement.py [--runs 10000] [--clusters 50] [--repeats 7] [--seed 0] \
-        [--scenarios busy,idle,roomy]
+        [--scenarios busy,idle,roomy] [--projects 20]
 
 Builds `--clusters` clusters (two in five NPU, two in five GPU, one in five CPU-only; 8 to 256
 healthy devices of their kind each, and 64 to 512 CPUs on every cluster) and a queue of `--runs`
@@ -12,7 +12,10 @@ to 25 % of its devices free: about a hundred to two hundred runs start, the rest
 a reason), `idle` (60 to 100 % free: several hundred start; the queue asks for far more than
 the clusters hold) and `roomy` (clusters a hundred times larger, 60 to 100 % free: nearly every
 run starts, each placement a best-fit scan). Each scenario is timed without `total` (no
-reservation) and with it (head-of-line reservation), `--repeats` times after one warm-up call.
+reservation) and with it (head-of-line reservation), `--repeats` times after one warm-up call,
+and then with `total` and fair share: the runs spread over `--projects` projects (weights 0.5 to
+4, a quota on one kind in three projects, each holding some devices already), as the scheduler
+calls it.
 
 Prints, per case, how many runs were placed and how many wait, then the best and median wall
 time of a call in milliseconds, the best CPU time of a call (the process's own, which other work
@@ -80,13 +83,28 @@ def make_queue(runs: int, total: dict[str, dict[str, int]], rng: random.Random) 
     return queue
 
 
-def time_calls(queue, free, total, repeats: int) -> tuple[list[float], list[float], int, int]:
+def with_projects(queue: list[QueuedRun], projects: int, total, rng: random.Random):
+    """The queue spread over projects, and their quotas, usage and weights."""
+    names = [f"p{i:02d}" for i in range(projects)]
+    spread = [QueuedRun(r.id, r.priority, r.created_at, r.device_type, r.device_count, r.cluster,
+                        project=rng.choice(names)) for r in queue]
+    healthy = {k: sum(kinds.get(k, 0) for kinds in total.values()) for k in ("npu", "gpu", "cpu")}
+    weights = {name: rng.choice([0.5, 1.0, 1.0, 2.0, 4.0]) for name in names}
+    usage = {name: {k: int(n * rng.uniform(0, 0.5 / projects)) for k, n in healthy.items()}
+             for name in names}
+    quotas = {name: {rng.choice(list(healthy)): int(healthy["npu"] * 0.1)}
+              for name in names[::3]}
+    return spread, {"quotas": quotas, "usage": usage, "weights": weights}
+
+
+def time_calls(queue, free, total, repeats: int, **shares) -> tuple[list[float], list[float],
+                                                                    int, int]:
     """Wall and CPU seconds of each call, and how many runs were placed and wait."""
-    placements, waiting = place(queue, free, now=NOW, total=total)  # warm-up
+    placements, waiting = place(queue, free, now=NOW, total=total, **shares)  # warm-up
     wall, cpu = [], []
     for _ in range(repeats):
         start, start_cpu = time.perf_counter(), time.process_time()
-        place(queue, free, now=NOW, total=total)
+        place(queue, free, now=NOW, total=total, **shares)
         wall.append(time.perf_counter() - start)
         cpu.append(time.process_time() - start_cpu)
     return wall, cpu, len(placements), len(waiting)
@@ -101,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--scenarios", default="busy,idle,roomy", help=f"comma list of {', '.join(SCENARIOS)}"
     )
+    parser.add_argument("--projects", type=int, default=20,
+                        help="projects the fair-share case spreads the runs over")
     args = parser.parse_args(argv)
     scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
     unknown = [s for s in scenarios if s not in SCENARIOS]
@@ -119,8 +139,12 @@ def main(argv: list[str] | None = None) -> int:
         factor, low, high = SCENARIOS[name]
         healthy = scale(total, factor)
         free = make_free(healthy, low, high, random.Random(args.seed + 1))
-        for label, cap in (("no total", None), ("total", healthy)):
-            wall, cpu, placed, waiting = time_calls(queue, free, cap, args.repeats)
+        spread, shares = with_projects(queue, args.projects, healthy,
+                                       random.Random(args.seed + 2))
+        for label, runs, cap, extra in (("no total", queue, None, {}),
+                                        ("total", queue, healthy, {}),
+                                        ("shares", spread, healthy, shares)):
+            wall, cpu, placed, waiting = time_calls(runs, free, cap, args.repeats, **extra)
             best, median = min(wall), statistics.median(wall)
             print(
                 f"  {name:5s} {label:8s} placed {placed:5,} waiting {waiting:5,}  "

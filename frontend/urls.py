@@ -43,6 +43,8 @@ urlpatterns = [
     path("settings/projects/new/", settings.project_create, name="project-create"),
     path("settings/projects/<int:pk>/experiments/", settings.experiment_create,
          name="experiment-create"),
+    path("settings/projects/<int:pk>/allocation/", settings.project_allocation,
+         name="project-allocation"),
     path("settings/projects/<int:pk>/members/", settings.member_action, name="member-action"),
     path("settings/invitations/<int:pk>/<str:answer>/", settings.invitation_answer,
          name="invitation-answer"),

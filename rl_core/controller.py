@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from rl_core import stopping
 from rl_core.checkpoint import (
     clean_partial,
     latest_checkpoint,
@@ -315,7 +316,9 @@ class Controller:
             if self.step == 0 and validate is not None and spec.trainer.eval_every:
                 last = validate()
                 self.tracker.log_metrics(last, step=0)
+            first_step = self.step
             while self.step < self.total_steps:
+                self._stop_if_asked(first_step, extra_state)
                 plans = self._begin_tools(self.step + 1)
                 metrics = train_step()
                 if plans is not None:
@@ -336,9 +339,22 @@ class Controller:
             self.tracker.log_artifacts(path, f"checkpoints/{path.name}")
             status = "FINISHED"
             return last
+        except stopping.Stopped:
+            status = "KILLED"  # asked to stop; a restart goes on in the same tracked run
+            raise
         finally:
             progress.close()
             self.stop(status)
+
+    def _stop_if_asked(self, first_step: int, extra_state: Callable[[], dict[str, Any]]) -> None:
+        """Between steps: when a stop was asked (rl_core.stopping), save this step unless it is
+        saved already (or none was taken since `first_step`), and raise Stopped."""
+        if not stopping.requested():
+            return
+        path = latest_checkpoint(self.output_dir)
+        if self.step != first_step and (path is None or path.name != f"step_{self.step}"):
+            path = self.save(extra_state())
+        raise stopping.Stopped(self.step, str(path) if path is not None else None)
 
     def record_determinism(self) -> dict[str, Any]:
         """The run's determinism report: the controller's and every rank's seeds, kernel modes

@@ -33,10 +33,12 @@ from django.utils import timezone
 from clusters.choices import ClusterStatus, DeviceType, NodeState
 from clusters.models import Cluster, Node
 from clusters.services import cluster_capacity, clusters_allowing
-from experiments.choices import RunState
+from experiments.allocation import scheduling_inputs
+from audit.services import record as record_event
+from experiments.choices import ACTIVE_STATES, RunState, WaitingCause
 from experiments.models import Attempt, LogChunk, Run
-from experiments.placement import QueuedRun, place
-from experiments.services import IllegalTransition, transition
+from experiments.placement import ActiveRun, QueuedRun, place, preempt
+from experiments.services import IllegalTransition, notify_worker, transition
 from rl_core.admission import POLICY_ENV, check_paths
 from rl_core.tracking import STEP_LINE
 
@@ -44,8 +46,11 @@ log = logging.getLogger("ascent.dispatch")
 
 SYSTEM = "system:dispatch"
 EXIT_INPUT = 2  # rl_core's exit status for a spec or input error: a retry cannot fix it
-WATCHED = (RunState.STARTING, RunState.RUNNING, RunState.CANCELLING)
+WATCHED = (RunState.STARTING, RunState.RUNNING, RunState.PREEMPTING, RunState.CANCELLING)
 _ERROR_LINE = re.compile(r"^error: .+$", re.MULTILINE)
+# rl_core.cli.run's last line after a SIGTERM that let the run save its step.
+_STOPPED_LINE = re.compile(r"^stopped: .*?stopped at step \d+: checkpoint (\S+) saved",
+                           re.MULTILINE)
 
 
 def ray_jobs(cluster: Cluster):
@@ -75,7 +80,8 @@ def _quiet_transition(run: Run | int, target: RunState, **kwargs: Any) -> Run | 
 def schedule(now=None) -> list[int]:
     """Place queued runs on clusters with free devices; returns the runs now SCHEDULED."""
     now = now or timezone.now()
-    queued = list(Run.objects.filter(state=RunState.QUEUED).select_related("cluster"))
+    queued = list(Run.objects.filter(state=RunState.QUEUED)
+                  .select_related("cluster", "experiment__project"))
     if not queued:
         return []
     clusters = list(Cluster.objects.exclude(status=ClusterStatus.OFFLINE))
@@ -89,24 +95,72 @@ def schedule(now=None) -> list[int]:
     queue = [QueuedRun(id=r.pk, priority=r.priority, created_at=r.created_at.timestamp(),
                        device_type=r.device_type, device_count=r.device_count,
                        cluster=r.cluster.name if r.cluster else None,
-                       allowed=None if r.cluster else clusters_allowing(job_spec(r), policies))
+                       allowed=None if r.cluster else clusters_allowing(job_spec(r), policies),
+                       project=r.experiment.project.name)
              for r in queued]
+    quotas, usage, weights = scheduling_inputs({run.project for run in queue})
     placements, waiting = place(queue, free, now=now.timestamp(), total=total,
-                                aging_per_hour=settings.ASCENT_AGING_PER_HOUR)
+                                aging_per_hour=settings.ASCENT_AGING_PER_HOUR,
+                                quotas=quotas, usage=usage, weights=weights)
     by_name = {c.name: c for c in clusters}
     placed = []
     for decision in placements:
         if _claim(decision.run_id, by_name[decision.cluster]):
             placed.append(decision.run_id)
     queued_by_id = {r.pk: r for r in queued}
+    if settings.ASCENT_PREEMPTION:
+        by_id = {run.id: run for run in queue}
+        blocked = [by_id[w.run_id] for w in waiting
+                   if w.cause in (WaitingCause.CAPACITY, WaitingCause.SHARE)]
+        if blocked:
+            _preempt_for(blocked, queued_by_id, clusters, total, weights)
     for wait in waiting:
         run = queued_by_id[wait.run_id]
-        reason = wait.reason
-        if run.cluster and run.cluster.name in offline:
+        reason, cause = wait.reason, wait.cause
+        if run.cluster and run.cluster.name in offline and cause == WaitingCause.CAPACITY:
             reason = f"cluster {run.cluster.name} is offline: {run.cluster.last_probe_error or 'unreachable'}"
-        if run.waiting_reason != reason:
-            Run.objects.filter(pk=run.pk, state=RunState.QUEUED).update(waiting_reason=reason[:500])
+            cause = WaitingCause.CLUSTER
+        if (run.waiting_reason, run.waiting_cause) != (reason[:500], cause):
+            Run.objects.filter(pk=run.pk, state=RunState.QUEUED).update(
+                waiting_reason=reason[:500], waiting_cause=cause)
     return placed
+
+
+def _preempt_for(blocked: list[QueuedRun], queued: dict[int, Run], clusters: list[Cluster],
+                 total: dict, weights: dict[str, float]) -> list[int]:
+    """Stop the runs `placement.preempt` chooses for the blocked runs (PREEMPTING; their jobs
+    save their step and end, then watch puts them back in the queue); returns their ids."""
+    attempts = (Attempt.objects.filter(ended_at__isnull=True, run__state__in=ACTIVE_STATES)
+                .select_related("run__experiment__project", "cluster"))
+    active = [ActiveRun(
+        id=a.run_id, priority=a.run.priority, project=a.run.experiment.project.name,
+        device_type=a.run.device_type, device_count=a.device_count, cluster=a.cluster.name,
+        started_at=a.started_at.timestamp(), preemptible=a.run.preemptible,
+        stoppable=a.run.state in (RunState.STARTING, RunState.RUNNING) and bool(a.launched_at),
+        preempting=a.run.state in (RunState.PREEMPTING, RunState.CANCELLING))
+        for a in attempts]
+    if not active:
+        return []
+    states = {a.run_id: a.run.state for a in attempts}
+    free = {c.name: {kind: cap.free for kind, cap in cluster_capacity(c).items()}
+            for c in clusters}
+    stopped = []
+    for decision in preempt(blocked, active, free, total=total, weights=weights):
+        by = queued[decision.for_run]
+        with transaction.atomic():
+            run = _quiet_transition(decision.victim, RunState.PREEMPTING,
+                                    expected=states[decision.victim], message=decision.reason)
+            if run is None:
+                continue
+            record_event(action="run.preempt", object_type="run", object_id=str(run.pk),
+                         object_repr=f"run {run.pk} {run.name}".strip(),
+                         project=run.experiment.project, actor=by.created_by,
+                         actor_name=by.created_by.get_username() if by.created_by else SYSTEM,
+                         details={"for_run": by.pk, "cluster": decision.cluster,
+                                  "reason": decision.reason})
+        transaction.on_commit(lambda pk=run.pk: notify_worker("workers.tasks.stop_run", pk))
+        stopped.append(run.pk)
+    return stopped
 
 
 def _claim(run_id: int, cluster: Cluster) -> bool:
@@ -118,7 +172,8 @@ def _claim(run_id: int, cluster: Cluster) -> bool:
             if run is None:
                 return False
             _new_attempt(run, cluster)
-            Run.objects.filter(pk=run_id).update(cluster=cluster, waiting_reason="")
+            Run.objects.filter(pk=run_id).update(cluster=cluster, waiting_reason="",
+                                                 waiting_cause="")
         return True
     except IntegrityError:  # another worker created the same attempt: it claimed the run
         return False
@@ -204,7 +259,10 @@ def launch(run_id: int) -> str | None:
            if (value := os.environ.get(name))}
     env.update({"MLFLOW_TRACKING_URI": settings.MLFLOW_TRACKING_URI, "MLFLOW_RUN_ID": mlflow_run_id,
                 "ASCENT_RUN_ID": str(run.pk), "ASCENT_ATTEMPT": str(attempt.number),
-                "PYTHONUNBUFFERED": "1", POLICY_ENV: policy.to_json()})
+                "PYTHONUNBUFFERED": "1", POLICY_ENV: policy.to_json(),
+                # Ray's job supervisor waits this long after SIGTERM before it kills the job:
+                # the run finishes and saves its step (rl_core.stopping).
+                "RAY_JOB_STOP_WAIT_TIME_S": str(settings.ASCENT_STOP_GRACE_S)})
     folder = Path(tempfile.mkdtemp(prefix=f"ascent-run-{run.pk}-"))
     (folder / "spec.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     try:
@@ -220,7 +278,8 @@ def launch(run_id: int) -> str | None:
             _quiet_transition(run, RunState.QUEUED, expected=RunState.SCHEDULED,
                               message=f"cluster {attempt.cluster.name} unreachable; back in the queue")
             Run.objects.filter(pk=run.pk).update(
-                waiting_reason=f"cluster {attempt.cluster.name}: {exc}"[:500])
+                waiting_reason=f"cluster {attempt.cluster.name}: {exc}"[:500],
+                waiting_cause=WaitingCause.CLUSTER)
         return None
     Attempt.objects.filter(pk=attempt.pk, launched_at__isnull=True).update(launched_at=timezone.now())
     _quiet_transition(run, RunState.STARTING, expected=RunState.SCHEDULED,
@@ -275,6 +334,16 @@ def watch(run_id: int) -> bool:
         else:
             jobs.stop(attempt.ray_submission_id)
         return False
+    if run.state == RunState.PREEMPTING:
+        if job.status == "SUCCEEDED":  # it finished before the stop reached it
+            _end_attempt(attempt, job.exit_code if job.exit_code is not None else 0, job.message)
+            _quiet_transition(run, RunState.SUCCEEDED, expected=RunState.PREEMPTING,
+                              message="training finished before the preemption stopped it")
+            _terminate_tracking(run, "FINISHED")
+        elif job.terminal or job.status == "MISSING":
+            _requeue_preempted(run, attempt, job.exit_code, failure_reason(attempt, job)
+                               if job.status != "MISSING" else "the Ray job vanished")
+        return False
     if job.status == "RUNNING" and run.state == RunState.STARTING:
         _quiet_transition(run, RunState.RUNNING, expected=RunState.STARTING, message="Ray job running")
     elif job.status == "SUCCEEDED":
@@ -292,6 +361,22 @@ def watch(run_id: int) -> bool:
         _end_attempt(attempt, None, reason)
         return fail_or_restart(run, attempt, reason, retryable=True)
     return False
+
+
+def _requeue_preempted(run: Run, attempt: Attempt, exit_code: int | None, how: str) -> None:
+    """A preempted run's job ended: back to the queue (its next attempt resumes from the
+    checkpoint the job saved on its way out); the attempt does not count as a restart."""
+    Attempt.objects.filter(pk=attempt.pk).update(preempted=True)
+    _end_attempt(attempt, exit_code, f"preempted: {how}")
+    saved = _STOPPED_LINE.search(attempt_log(attempt))
+    where = f"saved {saved.group(1)}" if saved else "stopped before saving a new checkpoint"
+    with transaction.atomic():
+        if _quiet_transition(run, RunState.QUEUED, expected=RunState.PREEMPTING,
+                             message=f"preempted: its job {where}; back in the queue, it "
+                                     "resumes from its latest checkpoint when placed again"):
+            Run.objects.filter(pk=run.pk).update(
+                waiting_reason="preempted: waits to be placed again", waiting_cause="")
+    notify_worker("workers.tasks.schedule_runs")
 
 
 def read_logs(jobs, attempt: Attempt) -> int:
@@ -332,7 +417,7 @@ def _end_attempt(attempt: Attempt, exit_code: int | None, message: str) -> None:
 
 def fail_or_restart(run: Run, attempt: Attempt, reason: str, *, retryable: bool) -> bool:
     """A new attempt from the latest checkpoint when allowed (True: launch it), else FAILED."""
-    restarts = attempt.number - 1
+    restarts = attempt.number - 1 - run.attempts.filter(preempted=True).count()
     if retryable and restarts < run.max_restarts:
         moved = _quiet_transition(run, RunState.RESTARTING, expected=run.state,
                                   message=f"attempt {attempt.number} failed: {reason}; restarting "
@@ -380,13 +465,15 @@ def _terminate_tracking(run: Run, status: str) -> None:
 
 
 def stop(run_id: int) -> None:
-    """Ask the cluster to stop a CANCELLING run's job (watch confirms CANCELLED)."""
+    """Ask the cluster to stop a CANCELLING or PREEMPTING run's job (watch confirms the end)."""
     from workers.ray_jobs import ClusterError
 
     run = Run.objects.get(pk=run_id)
-    if run.state != RunState.CANCELLING:
+    if run.state not in (RunState.CANCELLING, RunState.PREEMPTING):
         return
     attempt = current_attempt(run)
+    if run.state == RunState.PREEMPTING and (attempt is None or attempt.launched_at is None):
+        return  # never chosen so: preempt() stops only launched jobs
     if attempt is None or attempt.launched_at is None:
         if attempt is not None:
             _end_attempt(attempt, None, "cancelled before launch")
@@ -421,6 +508,9 @@ def reconcile(now=None) -> list[int]:
             continue
         reason = (f"no news of Ray job {attempt.ray_submission_id} on cluster "
                   f"{attempt.cluster.name} for {int((now - seen).total_seconds())} s")
+        if run.state == RunState.PREEMPTING:
+            _requeue_preempted(run, attempt, None, reason)
+            continue
         _end_attempt(attempt, None, reason)
         if run.state == RunState.CANCELLING:
             _quiet_transition(run, RunState.CANCELLED, expected=RunState.CANCELLING, message=reason)

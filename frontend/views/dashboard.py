@@ -31,7 +31,7 @@ def _live(user) -> dict:
     """The counts, the running runs and the queue: re-rendered every 5 s by htmx."""
     runs = visible_runs(user)
     since = timezone.now() - RECENT
-    queue = runs.filter(state=RunState.QUEUED).order_by("-priority", "created_at", "id")  # dispatch order
+    queue = runs.filter(state=RunState.QUEUED).order_by("-priority", "created_at", "id")  # by priority (projects interleave by share)
     running = runs.filter(state__in=ACTIVE_STATES).order_by("-created_at", "-id")
     # Where it runs: the cluster of its latest attempt (run.cluster is only the one it asked for).
     on_cluster = Attempt.objects.filter(run=OuterRef("pk")).order_by("-number").values("cluster__name")

@@ -24,10 +24,14 @@ from accounts.models import ApiToken, Invitation, Membership
 from accounts.queries import visible_projects
 from accounts.throttling import InviteThrottle, TokenCreateThrottle
 from accounts.validation import InviteInput, RoleInput, TokenInput
+from ascent.errors import DomainError, RequestError
+from clusters.choices import DeviceKind
+from experiments import allocation
+from experiments.choices import WaitingCause
 from experiments.models import Experiment
 from experiments.queries import parse_id
-from ascent.errors import DomainError, RequestError
-from experiments.services import create_experiment
+from experiments.services import create_experiment, notify_worker
+from experiments.validation import AllocationInput
 from frontend.forms import ExperimentForm, ProjectForm
 
 
@@ -36,7 +40,9 @@ def _page(request, status=200, experiment_form=None, **extra):
     projects = list(visible_projects(request.user).distinct().prefetch_related(
         Prefetch("memberships", Membership.objects.select_related("user").order_by("user__username")),
         Prefetch("experiments", Experiment.objects.annotate(run_count=Count("runs")).order_by("name"))))
+    healthy = allocation.healthy_devices()
     for project in projects:
+        project.allocation = _allocation(project, healthy)
         project.manageable = project.can_admin(request.user)
         project.writable = project.can_write(request.user)
         project.pending = (project.invitations.filter(state=InvitationState.PENDING)
@@ -56,10 +62,59 @@ def _page(request, status=200, experiment_form=None, **extra):
     return render(request, "frontend/settings.html", context, status=status)
 
 
+def _allocation(project, healthy: dict[str, int]) -> dict:
+    """allocation.allocation plus a row per device kind the platform has or the project uses,
+    and the waiting causes by their labels."""
+    shown = allocation.allocation(project, healthy)
+    kinds = [k for k in DeviceKind.values
+             if healthy.get(k) or k in shown["quotas"] or shown["held"].get(k)]
+    shown["rows"] = [{"kind": k, "quota": shown["quotas"].get(k), "held": shown["held"].get(k, 0),
+                      "healthy": healthy.get(k, 0)} for k in kinds]
+    shown["waiting_causes"] = [(WaitingCause(cause).label, n)
+                               for cause, n in sorted(shown["waiting"].items())]
+    return shown
+
+
+@login_required
+@require_POST
+def project_allocation(request, pk):
+    """A project's fair-share weight and device quotas (platform administrators only): one
+    field per device kind, empty for no limit; the same rules as the API's PUT."""
+    project = get_object_or_404(visible_projects(request.user).distinct(), pk=pk)
+    back = redirect(f"{reverse('frontend:settings')}#project-{project.name}")
+    if not request.user.is_staff:
+        messages.error(request, "Only platform administrators (staff) may change a project's "
+                                "quotas and share.")
+        return back
+    quotas = {kind: request.POST[f"quota_{kind}"].strip() or None
+              for kind in DeviceKind.values if f"quota_{kind}" in request.POST}
+    serializer = AllocationInput(data={"share_weight": request.POST.get("share_weight", ""),
+                                       "quotas": quotas})
+    if not serializer.is_valid():
+        messages.error(request, f"Could not change {project.name}'s devices: "
+                                f"{_errors(serializer)}")
+        return back
+    allocation.set_allocation(project, replace=True, **serializer.validated_data)
+    notify_worker("workers.tasks.schedule_runs")
+    messages.success(request, f"Saved {project.name}'s quotas and fair-share weight; they apply "
+                              "to the runs admitted from now on.")
+    return back
+
+
 def _errors(serializer) -> str:
     """A serializer's errors as one sentence per field, e.g. 'role: "x" is not a valid choice.'"""
     return " ".join(f"{field}: {text}" if field != "non_field_errors" else str(text)
-                    for field, texts in serializer.errors.items() for text in texts)
+                    for field, text in _flat(serializer.errors))
+
+
+def _flat(errors, prefix: str = ""):
+    """(field path, message) pairs of DRF errors, nested ones as `quotas.npu`."""
+    for field, texts in errors.items():
+        name = f"{prefix}{field}"
+        if isinstance(texts, dict):
+            yield from _flat(texts, f"{name}.")
+        else:
+            yield from ((name, text) for text in texts)
 
 
 @login_required

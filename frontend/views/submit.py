@@ -30,7 +30,7 @@ ALGORITHMS = {
     "dpo": "Preference pairs, no rollout reward",
 }
 # The form's fields beside the spec editor; errors at them show at the field.
-SETTING_FIELDS = ("experiment", "cluster", "cloned_from", *RUN_SETTINGS)
+SETTING_FIELDS = ("experiment", "cluster", "cloned_from", "not_preemptible", *RUN_SETTINGS)
 
 
 class Editor:
@@ -165,6 +165,7 @@ def submit(request):
             editor = Editor.from_spec(spec)
             fields = {"experiment": str(source.experiment_id), "priority": str(source.priority),
                       "max_restarts": str(source.max_restarts),
+                      "not_preemptible": "" if source.preemptible else "1",
                       "cluster": str(source.cluster_id or ""), "cloned_from": str(source.pk)}
         return _page(request, editor, fields, source=source, starters=STARTER_FAMILIES,
                      starter=family if family in STARTER_FAMILIES else "text")
@@ -195,6 +196,7 @@ def submit(request):
     submission = services.Submission(
         spec=spec, name=editor.run_name.strip(), priority=settings["priority"],
         max_restarts=settings["max_restarts"], cluster=cluster,
+        preemptible=not request.POST.get("not_preemptible"),
         idempotency_key=f"form-{key}"[:128] if key else "",
         ignore_memory_plan=bool(request.POST.get("ignore_memory_plan")),
     )

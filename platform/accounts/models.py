@@ -6,7 +6,7 @@ import hashlib
 import secrets
 
 from django.conf import settings
-from django.core.validators import RegexValidator
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 from django.utils import timezone
 
@@ -14,6 +14,8 @@ from accounts.choices import ADMIN_ROLES, WRITE_ROLES, InvitationState, Role
 from ascent.validators import plain_text
 
 TOKEN_PREFIX = "asc_"
+# A project's fair-share weight: its runs are entitled to devices in proportion to it.
+SHARE_WEIGHT_MIN, SHARE_WEIGHT_MAX, SHARE_WEIGHT_DEFAULT = 0.01, 1000.0, 1.0
 
 slug_validator = RegexValidator(
     r"^[a-z0-9][a-z0-9-]{0,62}$",
@@ -26,6 +28,11 @@ class Project(models.Model):
 
     name = models.CharField(max_length=63, unique=True, validators=[slug_validator])
     description = models.TextField(blank=True)
+    share_weight = models.FloatField(
+        default=SHARE_WEIGHT_DEFAULT,
+        validators=[MinValueValidator(SHARE_WEIGHT_MIN), MaxValueValidator(SHARE_WEIGHT_MAX)],
+        help_text="Fair-share weight (platform administrators set it): among waiting runs, the "
+                  "project furthest below its weighted share of the devices goes first.")
     members = models.ManyToManyField(
         settings.AUTH_USER_MODEL, through="Membership", related_name="projects"
     )

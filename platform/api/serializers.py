@@ -18,9 +18,10 @@ from api.strict import JSONObjectField, StrictInputMixin, StrictModelSerializer,
 from ascent.validators import plain_text
 from clusters.models import ROOT_FIELDS, Cluster, Node, normalize_roots
 from clusters.services import cluster_capacity
-from experiments.limits import MAX_RESTARTS, PRIORITY
+from experiments.choices import WaitingCause
+from experiments.limits import MAX_RESTARTS, PRIORITY, QUOTA_DEVICES
 from experiments.models import Attempt, Experiment, Run, RunEvent
-from experiments.validation import RunNotesInput
+from experiments.validation import AllocationInput, RunNotesInput
 from rl_core.spec import SpecError, check_spec_bounds, override_refusal
 
 User = get_user_model()
@@ -132,6 +133,45 @@ class ProjectSerializer(StrictModelSerializer):
         return role.value if role else None
 
 
+class QuotasSerializer(StrictSerializer):
+    """Device kind -> the most devices of that kind the project's active runs may hold at
+    once; null removes the quota (no limit)."""
+
+    npu = serializers.IntegerField(required=False, allow_null=True, min_value=QUOTA_DEVICES.low,
+                                   max_value=QUOTA_DEVICES.high)
+    gpu = serializers.IntegerField(required=False, allow_null=True, min_value=QUOTA_DEVICES.low,
+                                   max_value=QUOTA_DEVICES.high)
+    cpu = serializers.IntegerField(required=False, allow_null=True, min_value=QUOTA_DEVICES.low,
+                                   max_value=QUOTA_DEVICES.high)
+
+
+class AllocationInputSerializer(StrictInputMixin, AllocationInput):
+    """New weight and quotas (staff). PUT: `quotas` replaces every quota (kinds left out lose
+    theirs); PATCH: only the kinds named change. A key left out keeps what the project has."""
+
+    quotas = QuotasSerializer(required=False, help_text=AllocationInput().fields["quotas"]
+                              .help_text)
+
+
+class AllocationSerializer(serializers.Serializer):
+    """A project's share of the devices: what limits it and what it holds now."""
+
+    share_weight = serializers.FloatField()
+    quotas = serializers.DictField(child=serializers.IntegerField(),
+                                   help_text="Device kind -> quota; a kind absent has no limit.")
+    held = serializers.DictField(child=serializers.IntegerField(),
+                                 help_text="Device kind -> devices its active runs hold now.")
+    healthy = serializers.DictField(child=serializers.IntegerField(),
+                                    help_text="Device kind -> healthy devices on all clusters.")
+    dominant_share = serializers.FloatField(
+        help_text="max over kinds of held / healthy, divided by the weight: among waiting runs, "
+                  "the project with the least goes first.")
+    waiting = serializers.DictField(
+        child=serializers.IntegerField(),
+        help_text="Cause (capacity, quota, share, limit, cluster) -> its queued runs waiting "
+                  "for it.")
+
+
 class TokenSerializer(StrictInputMixin, TokenInput):
     """One of your API tokens; only its hash is kept (the token itself is returned once)."""
 
@@ -196,7 +236,7 @@ class AttemptSerializer(serializers.ModelSerializer):
     class Meta:
         model = Attempt
         fields = ["number", "ray_submission_id", "cluster", "device_count", "started_at",
-                  "launched_at", "last_seen_at", "ended_at", "exit_code", "exit_message"]
+                  "launched_at", "last_seen_at", "ended_at", "exit_code", "exit_message", "preempted"]
 
 
 class RunEventSerializer(serializers.ModelSerializer):
@@ -213,14 +253,19 @@ class RunSerializer(serializers.ModelSerializer):
     is_terminal = serializers.BooleanField(read_only=True)
     tags = serializers.ListField(source="tag_names", child=serializers.CharField(), read_only=True,
                                  help_text="The run's tags, sorted (PATCH the run to change them).")
+    waiting_cause = serializers.ChoiceField(
+        choices=[("", "not waiting"), *WaitingCause.choices], read_only=True,
+        help_text="Why a queued run waits, in one word (quota, share, capacity, limit, "
+                  "cluster); empty when it does not wait. `waiting_reason` says it in full.")
 
     class Meta:
         model = Run
         fields = ["id", "name", "project", "experiment", "algorithm", "state", "is_terminal",
                   "priority", "device_type", "device_count", "cluster", "max_restarts",
+                  "preemptible",
                   "created_by", "cloned_from", "resume_from", "created_at", "updated_at", "started_at",
                   "finished_at", "progress_step", "progress_at", "planned_steps", "mlflow_run_id",
-                  "error", "waiting_reason", "tags", "note", "attempts", "spec"]
+                  "error", "waiting_reason", "waiting_cause", "tags", "note", "attempts", "spec"]
         read_only_fields = fields
 
 
@@ -317,6 +362,10 @@ class RunSubmitSerializer(SubmissionFields):
         min_value=MAX_RESTARTS.low, max_value=MAX_RESTARTS.high, default=MAX_RESTARTS.default,
         error_messages=MAX_RESTARTS.error_messages(),
         help_text="Automatic retries of a run that fails for a reason other than its spec.")
+    preemptible = serializers.BooleanField(
+        default=True, help_text="May be stopped for a run of higher priority while its project "
+        "holds more than its share: it saves the step in progress, goes back to the queue and "
+        "resumes from that checkpoint. false: never preempted.")
     ignore_memory_plan = serializers.BooleanField(
         default=False, help_text="Submit even when the memory plan (see runs/validate) says the "
         "run does not fit the devices it could get; otherwise such a run is refused with a 400.")

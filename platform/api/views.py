@@ -31,7 +31,7 @@ from api.permissions import IsStaffOrReadOnly, ProjectRole
 from clusters.choices import NodeState
 from clusters.models import Cluster, Node
 from clusters.services import fitting_clusters, set_node_state
-from experiments import precision, services, tracking
+from experiments import allocation, precision, services, tracking
 from experiments.filters import RunFilter
 from experiments.models import Experiment, Run
 from experiments.queries import ID_MAX, parse_id, visible_runs
@@ -135,6 +135,26 @@ class ProjectViewSet(viewsets.ModelViewSet):
             self.throttled(request, throttle.wait())
         invitation = membership_rules.invite(project, data["username"], data["role"], request.user)
         return Response(s.InvitationSerializer(invitation).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(responses={200: s.AllocationSerializer, **ERRORS}, methods=["GET"])
+    @extend_schema(request=s.AllocationInputSerializer, methods=["PUT", "PATCH"],
+                   responses={200: s.AllocationSerializer, **ERRORS})
+    @action(detail=True, methods=["get", "put", "patch"], pagination_class=None,
+            filter_backends=[], permission_classes=[IsAuthenticated])
+    def allocation(self, request, pk=None):
+        """The project's fair-share weight, device quotas, the devices it holds and why its
+        queued runs wait (members); platform administrators (staff) change weight and quotas."""
+        project = self.get_object()
+        if request.method != "GET":
+            if not request.user.is_staff:
+                raise PermissionDenied("Only platform administrators (staff) may change a "
+                                       "project's quotas and share.")
+            serializer = s.AllocationInputSerializer(data=request.data)
+            serializer.is_valid(raise_exception=True)
+            allocation.set_allocation(project, replace=request.method == "PUT",
+                                      **serializer.validated_data)
+            services.notify_worker("workers.tasks.schedule_runs")
+        return Response(s.AllocationSerializer(allocation.allocation(project)).data)
 
     @extend_schema(responses={200: s.InvitationSerializer(many=True), **ERRORS})
     @action(detail=True, methods=["get"], pagination_class=None, filter_backends=[])
@@ -254,6 +274,7 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
         submission = services.Submission(
             spec=data["spec"], overrides=data["overrides"], name=data["name"],
             priority=data["priority"], max_restarts=data["max_restarts"],
+            preemptible=data["preemptible"],
             cluster=data.get("cluster"), idempotency_key=_idempotency_key(request),
             ignore_memory_plan=data["ignore_memory_plan"],
         )

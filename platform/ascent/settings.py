@@ -163,6 +163,11 @@ RAY_AUTH_TOKEN = env_str("RAY_AUTH_TOKEN", "")
 ASCENT_SILENCE_LIMIT_S = env_int("ASCENT_SILENCE_LIMIT_S", 600, minimum=10)
 # Aging in the placement order: priority points gained per hour of waiting.
 ASCENT_AGING_PER_HOUR = float(env_str("ASCENT_AGING_PER_HOUR", "1.0"))
+# Preemption: a waiting run of higher priority may stop runs of projects above their share.
+ASCENT_PREEMPTION = env_bool("ASCENT_PREEMPTION", True)
+# How long a stopped job (a cancel or a preemption) has to save its step before it is killed
+# (Ray's RAY_JOB_STOP_WAIT_TIME_S for every job).
+ASCENT_STOP_GRACE_S = env_int("ASCENT_STOP_GRACE_S", 300, minimum=1)
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},

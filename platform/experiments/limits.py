@@ -30,5 +30,7 @@ class Bounds:
 PRIORITY = Bounds(low=-100, high=100, default=0)
 # How often a run that failed for a reason other than its spec or input is tried again.
 MAX_RESTARTS = Bounds(low=0, high=20, default=0)
+# A project's device quota per kind (platform administrators set it).
+QUOTA_DEVICES = Bounds(low=0, high=1_000_000, default=0)
 # The submit form's settings, by field name.
 RUN_SETTINGS = {"priority": PRIORITY, "max_restarts": MAX_RESTARTS}

@@ -10,8 +10,8 @@ from accounts.models import Project
 from ascent.validators import plain_text
 from clusters.choices import DeviceKind
 from clusters.models import Cluster
-from experiments.choices import TERMINAL_STATES, RunState
-from experiments.limits import MAX_RESTARTS, PRIORITY
+from experiments.choices import TERMINAL_STATES, RunState, WaitingCause
+from experiments.limits import MAX_RESTARTS, PRIORITY, QUOTA_DEVICES
 
 
 class Experiment(models.Model):
@@ -74,6 +74,11 @@ class Run(models.Model):
         related_name="requested_runs",
         help_text="Run only on this cluster; empty = any cluster that fits.",
     )
+    preemptible = models.BooleanField(
+        default=True,
+        help_text="May be stopped for a run of higher priority when its project holds more "
+                  "than its share; it saves its step, goes back to the queue and resumes from "
+                  "that checkpoint.")
     max_restarts = models.PositiveIntegerField(default=MAX_RESTARTS.default,
                                                validators=[MaxValueValidator(MAX_RESTARTS.high)])
     created_by = models.ForeignKey(
@@ -98,6 +103,11 @@ class Run(models.Model):
     waiting_reason = models.CharField(
         max_length=500, blank=True,
         help_text="Why a queued run is not placed yet (capacity, an unreachable cluster, ...).",
+    )
+    waiting_cause = models.CharField(
+        max_length=16, choices=WaitingCause.choices, blank=True,
+        help_text="The kind of reason a queued run waits: capacity, quota, share, limit or "
+                  "cluster; empty when it does not wait.",
     )
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -174,6 +184,25 @@ class Run(models.Model):
                 setattr(self, name, value)
 
 
+class DeviceQuota(models.Model):
+    """The most devices of one kind that a project's active runs may hold at once; set by
+    platform administrators. No row for a kind: no limit. Lowering it below what the project
+    holds stops new admissions only."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="device_quotas")
+    device_type = models.CharField(max_length=8, choices=DeviceKind.choices)
+    devices = models.PositiveIntegerField(validators=[MaxValueValidator(QUOTA_DEVICES.high)])
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["project", "device_type"]
+        constraints = [models.UniqueConstraint(fields=["project", "device_type"],
+                                               name="unique_project_device_quota")]
+
+    def __str__(self) -> str:
+        return f"{self.project}: {self.devices} {self.device_type}"
+
+
 class RunTag(models.Model):
     """A label on a run (`baseline`, `lr-sweep`, `paper`): runs are found and grouped by them."""
 
@@ -206,6 +235,8 @@ class Attempt(models.Model):
         null=True, blank=True, help_text="When the cluster last reported its job's status."
     )
     log_offset = models.PositiveBigIntegerField(default=0, help_text="Characters of its job log stored.")
+    preempted = models.BooleanField(
+        default=False, help_text="Ended by a preemption: it does not count as a restart.")
 
     class Meta:
         ordering = ["run", "number"]

@@ -117,6 +117,7 @@ class Submission:
     name: str = ""
     priority: int = PRIORITY.default
     max_restarts: int = MAX_RESTARTS.default
+    preemptible: bool = True
     cluster: Cluster | None = None
     idempotency_key: str = ""
     ignore_memory_plan: bool = False  # submit even when the memory plan says it does not fit
@@ -128,6 +129,8 @@ class Submission:
             "name": self.name, "priority": self.priority, "max_restarts": self.max_restarts,
             "cluster": self.cluster.pk if self.cluster else None,
         }
+        if not self.preemptible:  # keys of submissions made before the field stay the same
+            body["preemptible"] = False
         return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -241,6 +244,7 @@ def submit_run(experiment: Experiment, user, submission: Submission) -> tuple[Ru
                 planned_steps=planned_steps(spec.model_dump(mode="json")),
                 cluster=submission.cluster,
                 max_restarts=submission.max_restarts,
+                preemptible=submission.preemptible,
                 created_by=user,
                 idempotency_key=submission.idempotency_key,
                 idempotency_fingerprint=fingerprint,
@@ -342,6 +346,7 @@ def clone_run(run: Run, user, *, overrides: Sequence[str] = (), name: str = "",
         name=name or (f"{run.name} (clone)" if run.name else ""),
         priority=run.priority if priority is None else priority,
         max_restarts=run.max_restarts,
+        preemptible=run.preemptible,
         cluster=run.cluster,
         ignore_memory_plan=ignore_memory_plan,
     )
@@ -376,7 +381,8 @@ def restart_run(run: Run, user) -> Run:
         name = run.name.removesuffix(" (restart)")
         submission = Submission(spec=run.spec, name=f"{name} (restart)" if name else "",
                                 priority=run.priority, max_restarts=run.max_restarts,
-                                cluster=run.cluster, ignore_memory_plan=True)  # already accepted
+                                preemptible=run.preemptible, cluster=run.cluster,
+                                ignore_memory_plan=True)  # already accepted
         restart, _ = submit_run(run.experiment, user, submission)
         Run.objects.filter(pk=restart.pk).update(cloned_from=run, resume_from=root)
     restart.refresh_from_db()

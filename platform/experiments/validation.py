@@ -1,12 +1,15 @@
-"""Input rules for a run's tags and note: one definition, used by the REST API (PATCH of a run)
-and the run page's form, so both accept and refuse the same things (the API's serializer also
-refuses keys it does not know)."""
+"""Input rules for a run's tags and note, and for a project's quotas and share: one definition,
+used by the REST API and the web UI's forms, so both accept and refuse the same things (the API's
+serializers also refuse keys they do not know)."""
 
 from __future__ import annotations
 
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from accounts.models import SHARE_WEIGHT_MAX, SHARE_WEIGHT_MIN
+from clusters.choices import DeviceKind
+from experiments.limits import QUOTA_DEVICES
 from rl_core.spec import NOT_PLAIN_CHARS, plain_text_problem
 
 TAG_MAX_CHARS = 40
@@ -65,3 +68,28 @@ class RunNotesInput(serializers.Serializer):
 
     def validate_note(self, note: str) -> str:
         return note.strip()
+
+
+class AllocationInput(serializers.Serializer):
+    """A project's fair-share weight and device quotas, as platform administrators set them
+    (PUT/PATCH of /projects/{id}/allocation/ and the settings page's form)."""
+
+    share_weight = serializers.FloatField(
+        required=False, min_value=SHARE_WEIGHT_MIN, max_value=SHARE_WEIGHT_MAX,
+        help_text=f"Fair-share weight, {SHARE_WEIGHT_MIN:g} to {SHARE_WEIGHT_MAX:g} (1 by "
+                  "default): devices are shared among projects in proportion to it.")
+    quotas = serializers.DictField(
+        required=False, allow_empty=True,
+        child=serializers.IntegerField(min_value=QUOTA_DEVICES.low, max_value=QUOTA_DEVICES.high,
+                                       allow_null=True),
+        help_text="Device kind (npu, gpu, cpu) -> the most devices of that kind the project's "
+                  "active runs may hold at once; null removes the quota (no limit). A quota "
+                  "below what the project holds now applies to new admissions only.")
+
+    def validate_quotas(self, quotas: dict) -> dict:
+        unknown = sorted(set(quotas) - set(DeviceKind.values))
+        if unknown:
+            raise serializers.ValidationError(
+                f"Unknown device kind {', '.join(map(repr, unknown))}: use "
+                f"{', '.join(DeviceKind.values)}.")
+        return quotas

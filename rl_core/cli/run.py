@@ -13,7 +13,8 @@ Before anything is read, the spec's paths (eval: the checkpoint and data) are ch
 the cluster's path policy when the platform passes one in ASCENT_PATH_POLICY (rl_core.paths).
 
 Exit status (`rl_core.errors.exit_code`): 0 on success; 2 for a spec or input error (a path
-outside the policy too), which a retry cannot fix; 1 for any other failure. The last line on stderr always says why a run ended
+outside the policy too), which a retry cannot fix; 1 for any other failure; 143 when stopped by
+SIGTERM (`train` finishes the step in progress and saves it first: rl_core.stopping). The last line on stderr always says why a run ended
 badly, in one line.
 """
 
@@ -28,6 +29,7 @@ import threading
 import traceback
 from collections.abc import Callable
 
+from rl_core import stopping
 from rl_core.errors import exit_code, is_input_error
 from rl_core.paths import enforce_at_job
 from rl_core.spec import load_spec
@@ -38,24 +40,43 @@ def _one_line(exc: BaseException) -> str:
 
 
 class Terminated(BaseException):
-    """SIGTERM (a cancelled run's Ray job is stopped with it), raised in the main thread so the
-    work unwinds through its clean-up (roles shut down, the tracker closed) without a traceback."""
+    """SIGTERM (a cancelled or preempted run's Ray job is stopped with it), raised in the main
+    thread so the work unwinds through its clean-up (roles shut down, the tracker closed)
+    without a traceback."""
 
 
 def _terminate(signum, frame) -> None:
     raise Terminated()
 
 
-def run_guarded(work: Callable[[], object]) -> int:
-    """Run `work`, mapping its failure to an exit status and a one-line reason on stderr."""
+def _stop_after_step(signum, frame) -> None:
+    """The first SIGTERM of a training run: finish the step, save, stop (rl_core.stopping)."""
+    if stopping.requested():
+        raise Terminated()
+    stopping.request()
+    print("stopping: asked to stop (SIGTERM): the step in progress ends and is saved as a "
+          "checkpoint; a second SIGTERM stops at once", file=sys.stderr, flush=True)
+
+
+def run_guarded(work: Callable[[], object], *, at_step_boundary: bool = False) -> int:
+    """Run `work`, mapping its failure to an exit status and a one-line reason on stderr.
+    at_step_boundary: the work is a training loop that honours rl_core.stopping, so the first
+    SIGTERM lets it save the step in progress before it stops."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     main = threading.current_thread() is threading.main_thread()  # only it may set handlers
-    previous = signal.signal(signal.SIGTERM, _terminate) if main else None
+    handler = _stop_after_step if at_step_boundary else _terminate
+    previous = signal.signal(signal.SIGTERM, handler) if main else None
+    stopping.set_handler(handler if main else None)
+    stopping.clear()
     try:
         work()
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
+    except stopping.Stopped as stop:
+        print(f"stopped: asked to stop (SIGTERM), {stop}; a restart resumes from it",
+              file=sys.stderr)
+        return 143
     except Terminated:
         print("stopped: asked to stop (SIGTERM; a cancelled run is stopped so)", file=sys.stderr)
         return 143
@@ -67,6 +88,7 @@ def run_guarded(work: Callable[[], object]) -> int:
         print(f"error: {type(exc).__name__}: {_one_line(exc)}", file=sys.stderr)
         return exit_code(exc)
     finally:
+        stopping.set_handler(None)
         if main:
             signal.signal(signal.SIGTERM, previous)
     return 0
@@ -89,7 +111,7 @@ def _train(args: argparse.Namespace) -> int:
         enforce_at_job(spec)
         _print_summary(run(spec, backend=choose_backend(args.backend, spec)))
 
-    return run_guarded(work)
+    return run_guarded(work, at_step_boundary=True)
 
 
 def _sft(args: argparse.Namespace) -> int:

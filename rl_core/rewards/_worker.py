@@ -34,7 +34,10 @@ def score_one(
 
 def worker_main(conn: Connection, terms: Sequence[tuple[RewardFn, dict[str, Any]]]) -> None:
     """Serve scoring requests until told to stop or the parent goes away."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when workers end
+    # The parent decides when workers end: a Ray job's stop signals the whole process tree,
+    # and the step in progress (saved before the run stops: rl_core.stopping) needs them.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         from rl_core.rewards.equivalence import warm_up
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rl_core import device as devices
+from rl_core import stopping
 from rl_core.determinism import process_env
 from rl_core.errors import InputError
 from rl_core.roles.actors import (
@@ -124,9 +125,11 @@ def connect() -> bool:
                                "log_to_driver": True}
     if address:
         ray.init(address=address, **options)
+        stopping.restore_handler()
         log.info("joined the Ray cluster at %s", address)
         return False
     ray.init(**options)
+    stopping.restore_handler()
     log.info("started a local Ray instance")
     return True
 

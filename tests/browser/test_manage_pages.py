@@ -200,3 +200,32 @@ def test_the_invitee_accepts_on_the_settings_page(page, sign_in, team):
     expect(page.get_by_test_id("project-alpha").get_by_test_id("member-stranger")).to_be_visible()
     expect(page.get_by_test_id("invitations")).to_have_count(0)
     assert team["project"].role_of(stranger) == "viewer"
+
+
+def test_the_admin_sets_a_quota_and_the_queue_says_why_a_run_waits(page, sign_in, team, fleet):
+    from workers import dispatch
+
+    owner = team["users"]["owner"]
+    make_run(team["experiment"], owner, "qwen2.5-7b-gsm8k", "RUNNING", cluster=fleet["ascend"])
+    waiting = make_run(team["experiment"], owner, "qwen2.5-7b-seed2", "QUEUED")
+    sign_in(team["users"]["admin"])
+    page.goto("/settings/")
+    form = page.get_by_test_id("allocation-alpha")
+    form.get_by_label("Fair-share weight").fill("2")
+    form.get_by_label("npu quota").fill("8")
+    form.get_by_role("button", name="Save quotas and share").click()
+    expect(page.locator(".messages")).to_contain_text("Saved alpha's quotas and fair-share weight")
+    devices = page.get_by_test_id("project-alpha")
+    expect(devices.get_by_test_id("devices-alpha-npu")).to_contain_text("8")
+    expect(devices.get_by_test_id("share-alpha")).to_contain_text("Fair-share weight 2")
+    assert team["project"].device_quotas.get().devices == 8
+
+    # The running run holds the 8: the queued one waits for the quota, and its page says so.
+    assert dispatch.schedule() == []
+    page.goto(f"/runs/{waiting.pk}/")
+    expect(page.get_by_test_id("waiting-cause")).to_have_text("quota")
+    expect(page.get_by_test_id("waiting")).to_contain_text(
+        "project alpha's quota of 8 npu devices: 8 held, this run needs 8")
+    page.goto("/settings/")
+    expect(page.get_by_test_id("share-alpha")).to_contain_text("1 for quota")
+    screenshot(page, "settings-quotas", page.get_by_test_id("project-alpha"))

@@ -3,11 +3,12 @@ worker process with beat on Redis, a Ray head and an MLflow server on PostgreSQL
 
 A run submitted through the API is placed, launched as a Ray job (`python -m rl_core train`),
 watched, logged and tracked to SUCCEEDED; cancel, a bad model path, a killed training process, a
-killed worker and a restarted worker each end the way the platform promises.
+killed worker, a restarted worker and a preemption each end the way the platform promises.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -274,3 +275,70 @@ def test_the_probe_tracks_nodes_down_and_back(world, dispatch_env):
     dispatch.probe(cluster.pk)  # a drained node stays drained
     node.refresh_from_db()
     assert node.state == "draining"
+
+
+# --------------------------------------------------------------------------- preemption
+
+
+def test_an_urgent_run_preempts_one_that_saves_its_step_and_resumes_exactly(
+        world, worker, dispatch_env, tmp_path, django_user_model):
+    import json
+
+    import torch
+
+    from rl_core.recipes.rl import RLTrainer
+    from rl_core.spec import resolve_spec
+    from rl_core.tracking import stable_metrics
+
+    client, experiment = world
+    steps = 200  # about 15 s of steps: the preemption lands in the middle
+    spec = tiny_run(steps, save_every=0, deterministic=True)
+    victim = submit(client, experiment, spec)
+    deadline = time.monotonic() + 300
+    while (Run.objects.get(pk=victim).progress_step or 0) < 2:
+        assert time.monotonic() < deadline, "the run logged no second step"
+        time.sleep(0.3)
+    # The Ray head has 2 CPUs and the run holds one. Project urgent (weight 3: three quarters
+    # of the devices) submits a run of priority 50 that needs both: the first run's project
+    # holds more than its quarter, so it is preempted.
+    urgent_project = Project.objects.create(name="urgent", share_weight=3.0)
+    Membership.objects.create(project=urgent_project, user=experiment.created_by, role=Role.OWNER)
+    urgent_experiment = Experiment.objects.create(project=urgent_project, name="hotfix",
+                                                  created_by=experiment.created_by)
+    urgent_spec = {**tiny_run(1), "resources": {"device_type": "cpu", "devices_per_node": 2}}
+    urgent_spec["actor"] = {**urgent_spec["actor"], "ppo_micro_batch_size": 8}
+    urgent = submit(client, urgent_experiment, urgent_spec, priority=50)
+    done = wait_state(urgent, {"SUCCEEDED", "FAILED"}, 400, worker)
+    assert done.state == "SUCCEEDED", done.error
+    run = wait_state(victim, {"SUCCEEDED", "FAILED"}, 400, worker)
+    assert run.state == "SUCCEEDED", run.error
+
+    states = [e.to_state for e in run.events.all()]
+    assert states[:4] == ["QUEUED", "SCHEDULED", "STARTING", "RUNNING"], states
+    assert states[4:6] == ["PREEMPTING", "QUEUED"] and states[-1] == "SUCCEEDED", states
+    first, second = run.attempts.order_by("number")
+    assert first.preempted and not second.preempted  # (Ray reports no exit code once stopped)
+    assert first.exit_message.startswith("preempted: ")
+    stopped_log = "".join(first.log_chunks.values_list("text", flat=True))
+    assert "stopping: asked to stop (SIGTERM)" in stopped_log, stopped_log[-3000:]
+    saved = re.search(r"stopped at step (\d+): checkpoint \S+ saved; a restart resumes from it",
+                      stopped_log)
+    assert saved and 2 <= int(saved.group(1)) < steps, stopped_log[-3000:]
+    assert "resumed from" in "".join(second.log_chunks.values_list("text", flat=True))
+
+    # Every step once, and each equal to an uninterrupted run of the same spec.
+    output = Path(dispatch_env["ASCENT_RUNS_DIR"]) / f"run-{victim}"
+    logged = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in logged] == list(range(1, steps + 1))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the job's rank (resources.cpus_per_device)
+    try:
+        reference = RLTrainer(resolve_spec({**spec, "trainer": {
+            **spec["trainer"], "output_dir": str(tmp_path / "straight")}}))
+        reference.fit()
+    finally:
+        torch.set_num_threads(threads)
+    straight = [json.loads(line) for line in
+                (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()]
+    for left, right in zip(straight, logged, strict=True):
+        assert stable_metrics(right) == pytest.approx(stable_metrics(left), abs=1e-6), left["step"]

@@ -74,6 +74,16 @@ def test_submit_from_the_form_stores_only_what_was_filled(signed_in, experiment)
     assert run.spec["trainer"]["total_steps"] == 5 and run.created_by.username == "maintainer"
     page = client.get(response["Location"]).content.decode()
     assert f"Run {run.pk} submitted." in page and "queued for" not in page  # no stale claim
+    assert run.preemptible  # the box "Never preempt" left empty
+
+
+def test_never_preempt_on_the_form_and_its_clone(signed_in, experiment):
+    client = signed_in("maintainer")
+    client.post("/runs/new/", form(experiment, not_preemptible="1"))
+    run = Run.objects.get()
+    assert not run.preemptible
+    clone_form = client.get(f"/runs/new/?clone={run.pk}").content.decode()
+    assert 'name="not_preemptible" value="1" checked' in clone_form
 
 
 def test_a_stale_form_submitted_again_queues_nothing_new(signed_in, experiment):

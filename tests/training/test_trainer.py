@@ -12,6 +12,7 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
+from rl_core import stopping
 from rl_core.checkpoint import list_checkpoints
 from rl_core.errors import InputError
 from rl_core.recipes.rl import RLTrainer
@@ -59,15 +60,21 @@ def test_resume_is_exact_across_an_epoch_boundary(tmp_path, tiny_cache):
     straight = RLTrainer(resolve_spec(tiny_spec(tmp_path / "straight")))
     straight.fit()
 
+    # A stop asked during step 3 (SIGTERM: rl_core.stopping) lets the step end, saves it and
+    # stops the run; the process "dies" there and a new trainer resumes from step 3.
     interrupted = RLTrainer(resolve_spec(tiny_spec(tmp_path / "resumed")))
-    interrupted.tracker.log_params(interrupted.spec.flat_params())
-    for _ in range(3):
-        metrics = interrupted.train_step()
-        interrupted.step += 1
-        interrupted.tracker.log_metrics(metrics, interrupted.step)
-    interrupted.save()
-    interrupted.close()
-    del interrupted  # the process "dies" here; a new trainer resumes from step 3
+    step = interrupted.train_step
+
+    def stop_during_step_3():
+        if interrupted.step == 2:
+            stopping.request()
+        return step()
+
+    interrupted.train_step = stop_during_step_3
+    with pytest.raises(stopping.Stopped, match="stopped at step 3: checkpoint .*step_3 saved"):
+        interrupted.fit()
+    stopping.clear()
+    del interrupted
 
     resumed = RLTrainer(resolve_spec(tiny_spec(tmp_path / "resumed")))
     assert resumed.step == 3

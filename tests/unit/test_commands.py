@@ -93,3 +93,37 @@ def test_sigterm_stops_the_work_through_its_clean_up_without_a_traceback(capsys)
     err = capsys.readouterr().err
     assert "stopped: asked to stop (SIGTERM" in err and "Traceback" not in err
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_training_run_stops_after_the_step_in_progress_and_a_second_sigterm_at_once(capsys):
+    import os
+    import signal
+
+    from rl_core import stopping
+    from rl_core.cli.run import run_guarded
+
+    steps = []
+
+    def train():  # a loop that checks between steps, as Controller.fit does
+        for step in range(1, 100):
+            if stopping.requested():
+                raise stopping.Stopped(step - 1, f"out/checkpoints/step_{step - 1}")
+            steps.append(step)
+            if step == 3:
+                os.kill(os.getpid(), signal.SIGTERM)  # arrives during step 3, which finishes
+
+    assert run_guarded(train, at_step_boundary=True) == 143
+    assert steps == [1, 2, 3]
+    err = capsys.readouterr().err
+    assert "stopping: asked to stop (SIGTERM): the step in progress ends" in err
+    assert ("stopped: asked to stop (SIGTERM), stopped at step 3: checkpoint "
+            "out/checkpoints/step_3 saved; a restart resumes from it") in err
+
+    def stuck():
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGTERM)  # a second one raises at once
+        signal.pause()
+
+    assert run_guarded(stuck, at_step_boundary=True) == 143
+    assert "a cancelled run is stopped so" in capsys.readouterr().err
+    assert run_guarded(lambda: None) == 0  # a new run starts with no stop asked

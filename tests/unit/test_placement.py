@@ -8,6 +8,9 @@ import random
 import pytest
 
 from experiments.placement import (
+    ActiveRun,
+    Preemption,
+    preempt,
     Placement,
     QueuedRun,
     Waiting,
@@ -422,3 +425,210 @@ def test_same_input_same_output_whatever_the_input_order(seed):
         total_shuffled = {c: dict(reversed(total[c].items())) for c in reversed(list(total))}
         assert place(shuffled, free_shuffled, now=NOW, total=total_shuffled) == expected
     assert place(queue, free, now=NOW, total=total) == expected
+
+
+# --- quotas and fair share ---------------------------------------------------------------------
+
+
+def prun(id, project, count=1, kind="gpu", priority=0, created_at=NOW, cluster=None) -> QueuedRun:
+    return QueuedRun(id, priority, created_at, kind, count, cluster, project=project)
+
+
+def causes(waiting: list[Waiting]) -> dict[int, str]:
+    return {w.run_id: w.cause for w in waiting}
+
+
+def test_without_projects_fair_share_changes_nothing():
+    queue, free, total = random_case(3)
+    with_projects = [QueuedRun(r.id, r.priority, r.created_at, r.device_type, r.device_count,
+                               r.cluster, r.allowed, project="only") for r in queue]
+    plain = place(queue, free, now=NOW, total=total)
+    one = place(with_projects, free, now=NOW, total=total, usage={"only": {"npu": 40}},
+                weights={"only": 3.0})
+    assert one == plain
+
+
+def test_the_project_furthest_below_its_share_goes_first():
+    # Project a holds 6 of 8 gpus, b holds none: b's runs go first although a's are older and of
+    # higher priority; then the devices run out and a's run waits, told why.
+    queue = [prun(1, "a", 2, priority=5, created_at=NOW - 3 * HOUR),
+             prun(2, "b", 1, created_at=NOW), prun(3, "b", 1, created_at=NOW)]
+    placements, waiting = place(queue, {"c": {"gpu": 2}}, now=NOW, total={"c": {"gpu": 8}},
+                                usage={"a": {"gpu": 6}})
+    assert placed(placements) == [(2, "c"), (3, "c")]
+    assert causes(waiting) == {1: "share"}
+    assert reasons(waiting)[1] == ("fair share: gpu devices went first to projects further below "
+                                   "their share (b); project a holds 6 gpu devices at weight 1")
+
+
+def test_shares_interleave_by_dominant_share_and_weight():
+    # 12 gpus free, nothing held; a has weight 2, b weight 1: a gets two devices for each of b's.
+    queue = [prun(i, "a", created_at=NOW - i) for i in range(1, 11)]
+    queue += [prun(i, "b", created_at=NOW - i) for i in range(11, 21)]
+    placements, waiting = place(queue, {"c": {"gpu": 12}}, now=NOW, total={"c": {"gpu": 12}},
+                                weights={"a": 2.0})
+    by_project = {"a": 0, "b": 0}
+    for p in placements:
+        by_project["a" if p.run_id <= 10 else "b"] += 1
+    assert by_project == {"a": 8, "b": 4}
+    assert set(causes(waiting).values()) == {"share"}
+
+
+def test_dominant_share_compares_across_device_kinds():
+    # a holds 4 of 8 npus (1/2), b holds 2 of 16 gpus (1/8): b is further below its share and
+    # its gpu run goes first even though a asks for cpus, a kind b does not use.
+    queue = [prun(1, "a", 4, kind="cpu", created_at=NOW - HOUR), prun(2, "b", 4, kind="cpu")]
+    total = {"c": {"npu": 8, "gpu": 16, "cpu": 4}}
+    placements, waiting = place(queue, {"c": {"cpu": 4}}, now=NOW, total=total,
+                                usage={"a": {"npu": 4}, "b": {"gpu": 2}})
+    assert placed(placements) == [(2, "c")]
+    assert causes(waiting) == {1: "share"}
+
+
+def test_quota_caps_what_a_project_holds_and_reserves_nothing():
+    queue = [prun(1, "a", 4, priority=9), prun(2, "a", 2), prun(3, "a", 16), prun(4, "b", 4)]
+    placements, waiting = place(queue, {"c": {"gpu": 16}}, now=NOW, total={"c": {"gpu": 16}},
+                                quotas={"a": {"gpu": 8}}, usage={"a": {"gpu": 3}})
+    # a holds 3: run 1 (4) fits its quota of 8, then run 2 (2) would make 9.
+    assert sorted(placed(placements)) == [(1, "c"), (4, "c")]
+    assert causes(waiting) == {2: "quota", 3: "quota"}
+    assert reasons(waiting) == {
+        2: "project a's quota of 8 gpu devices: 7 held, this run needs 2",
+        3: "needs 16 gpu devices; project a's quota is 8",
+    }
+
+
+def test_a_quota_below_what_is_held_only_stops_new_admissions():
+    queue = [prun(1, "a", 1)]
+    placements, waiting = place(queue, {"c": {"gpu": 8}}, now=NOW, total={"c": {"gpu": 16}},
+                                quotas={"a": {"gpu": 4}}, usage={"a": {"gpu": 8}})
+    assert placements == []
+    assert reasons(waiting) == {1: "project a's quota of 4 gpu devices: 8 held, this run needs 1"}
+    # Quotas of other kinds do not limit this one.
+    placements, _ = place(queue, {"c": {"gpu": 8}}, now=NOW, quotas={"a": {"npu": 0}})
+    assert placed(placements) == [(1, "c")]
+
+
+def test_a_blocker_of_another_project_is_named_as_placed_by_fair_share():
+    # b is below its share: its big run reserves the cluster and a's small one waits behind it.
+    queue = [prun(1, "a", 1, created_at=NOW - HOUR), prun(2, "b", 8)]
+    placements, waiting = place(queue, {"c": {"gpu": 4}}, now=NOW, total={"c": {"gpu": 8}},
+                                usage={"a": {"gpu": 4}})
+    assert placements == []
+    assert reasons(waiting)[1] == ("blocked behind run 2 of project b, placed first by fair "
+                                   "share (reserving c)")
+
+
+def test_weights_must_be_positive():
+    with pytest.raises(ValueError, match="weights must be > 0"):
+        place([prun(1, "a")], {"c": {"gpu": 1}}, now=NOW, weights={"a": 0.0})
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_random_queues_keep_quotas_and_decide_every_run_once(seed):
+    queue, free, total = random_case(seed)
+    rng = random.Random(seed)
+    projects = ["a", "b", "c"]
+    queue = [QueuedRun(r.id, r.priority, r.created_at, r.device_type, r.device_count, r.cluster,
+                       project=rng.choice(projects)) for r in queue]
+    quotas = {p: {k: rng.choice([0, 4, 16, 64]) for k in rng.sample(KINDS, 2)} for p in projects}
+    usage = {p: {k: rng.randint(0, 8) for k in KINDS} for p in projects}
+    weights = {p: rng.choice([0.5, 1.0, 3.0]) for p in projects}
+    placements, waiting = place(queue, free, now=NOW, total=total, quotas=quotas, usage=usage,
+                                weights=weights)
+    assert sorted([p.run_id for p in placements] + [w.run_id for w in waiting]) == \
+        sorted(r.id for r in queue)
+    by_id = {r.id: r for r in queue}
+    held = copy.deepcopy(usage)
+    for p in placements:
+        r = by_id[p.run_id]
+        before = held[r.project][r.device_type]
+        held[r.project][r.device_type] += r.device_count
+        quota = quotas[r.project].get(r.device_type)
+        assert quota is None or held[r.project][r.device_type] <= quota, (r, before, quota)
+    for w in waiting:
+        assert w.cause in {"capacity", "quota", "share"}
+        if w.cause == "quota":
+            r = by_id[w.run_id]
+            assert quotas[r.project].get(r.device_type) is not None
+
+
+# --- preemption --------------------------------------------------------------------------------
+
+
+def active(id, project, count, priority=0, cluster="c", kind="gpu", started_at=NOW - HOUR,
+           **flags) -> ActiveRun:
+    return ActiveRun(id, priority, project, kind, count, cluster, started_at, **flags)
+
+
+def victims(preemptions: list[Preemption]) -> list[tuple[int, int]]:
+    return [(p.victim, p.for_run) for p in preemptions]
+
+
+def test_an_urgent_run_preempts_the_lowest_priority_newest_runs_of_a_project_above_its_share():
+    # a holds all 8 gpus in four runs; b holds none and its urgent run needs 4.
+    running = [active(1, "a", 2, priority=0, started_at=NOW - 3 * HOUR),
+               active(2, "a", 2, priority=0, started_at=NOW - HOUR),
+               active(3, "a", 2, priority=-5, started_at=NOW - 5 * HOUR),
+               active(4, "a", 2, priority=10)]
+    urgent = prun(9, "b", 4, priority=50)
+    chosen = preempt([urgent], running, {"c": {"gpu": 0}}, total={"c": {"gpu": 8}})
+    assert victims(chosen) == [(3, 9), (2, 9)]  # priority -5 first, then the newer of the 0s
+    assert chosen[0].cluster == "c"
+    assert chosen[0].reason.startswith("preempted for run 9 (priority 50, project b): project a "
+                                       "holds more than its share")
+
+
+def test_a_project_within_its_share_is_never_touched():
+    # a, b and c (waiting) share 8 gpus: a third each. a holds 2, within its share: its run is
+    # left alone although its priority is the lowest; b's is stopped.
+    running = [active(1, "a", 2, priority=-10), active(2, "b", 6)]
+    chosen = preempt([prun(9, "c", 2, priority=50)], running, {"c": {"gpu": 0}},
+                     total={"c": {"gpu": 8}})
+    assert victims(chosen) == [(2, 9)]
+    # a and b hold 4 each, b waits for more: both hold their half, nothing is stopped ...
+    running = [active(1, "a", 4), active(2, "b", 4)]
+    assert preempt([prun(9, "b", 2, priority=50)], running, {"c": {"gpu": 0}},
+                   total={"c": {"gpu": 8}}) == []
+    # ... unless b's weight is 3: its share is three quarters, a (half) is above its quarter.
+    chosen = preempt([prun(9, "b", 2, priority=50)], running, {"c": {"gpu": 0}},
+                     total={"c": {"gpu": 8}}, weights={"b": 3.0})
+    assert victims(chosen) == [(1, 9)]
+
+
+def test_only_preemptible_lower_priority_running_jobs_are_stopped():
+    running = [active(1, "a", 4, priority=60), active(2, "a", 2, preemptible=False),
+               active(3, "a", 2, stoppable=False)]
+    assert preempt([prun(9, "b", 2, priority=50)], running, {"c": {"gpu": 0}},
+                   total={"c": {"gpu": 8}}) == []
+    # Not enough allowed victims for the whole need: nobody is stopped for nothing.
+    running = [active(1, "a", 2), active(2, "a", 6, preemptible=False)]
+    assert preempt([prun(9, "b", 4, priority=50)], running, {"c": {"gpu": 0}},
+                   total={"c": {"gpu": 8}}) == []
+
+
+def test_devices_already_being_freed_stop_nothing_more():
+    running = [active(1, "a", 4, preempting=True), active(2, "a", 4)]
+    assert preempt([prun(9, "b", 4, priority=50)], running, {"c": {"gpu": 0}},
+                   total={"c": {"gpu": 8}}) == []
+
+
+def test_free_devices_count_and_the_cluster_needing_fewest_stops_wins():
+    total = {"c1": {"gpu": 8}, "c2": {"gpu": 8}}
+    running = [active(1, "a", 4, cluster="c1"), active(2, "a", 2, cluster="c2"),
+               active(3, "a", 4, cluster="c2", started_at=NOW - 5 * HOUR)]
+    chosen = preempt([prun(9, "b", 4, priority=50)], running, {"c1": {"gpu": 0}, "c2": {"gpu": 2}},
+                     total=total)
+    assert victims(chosen) == [(2, 9)] and chosen[0].cluster == "c2"
+    # Pinned to c1, it stops the run there.
+    chosen = preempt([prun(9, "b", 4, priority=50, cluster="c1")], running,
+                     {"c1": {"gpu": 0}, "c2": {"gpu": 2}}, total=total)
+    assert victims(chosen) == [(1, 9)]
+
+
+def test_two_waiting_runs_do_not_take_the_same_victims():
+    running = [active(1, "a", 4), active(2, "a", 4)]
+    chosen = preempt([prun(8, "b", 4, priority=50), prun(9, "b", 4, priority=40)], running,
+                     {"c": {"gpu": 0}}, total={"c": {"gpu": 8}})
+    # After the first stop a holds 4 of 8 = its share with b present: the second run waits.
+    assert victims(chosen) == [(2, 8)]
