@@ -12,12 +12,14 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
 import warnings
 from contextlib import closing
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -379,3 +381,30 @@ def wait_state(run_id: int, states: set[str], timeout: float, worker: CeleryWork
                          f"events {events}; attempts {attempts}\nworker log:\n{tail}")
 
 
+class WebhookReceiver:
+    """A webhook's receiver: an HTTP server on 127.0.0.1 that records each request and answers the statuses given,
+    then 200."""
+
+    def __init__(self, statuses=()):
+        self.requests: list[dict] = []
+        self.statuses = list(statuses)
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                receiver.requests.append({"headers": dict(self.headers), "body": body})
+                status = receiver.statuses.pop(0) if receiver.statuses else 200
+                self.send_response(status)
+                self.end_headers()
+                self.wfile.write(b"no" if status >= 300 else b"ok")
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()

@@ -343,6 +343,8 @@ def watch(run_id: int) -> bool:
         elif job.terminal or job.status == "MISSING":
             _requeue_preempted(run, attempt, job.exit_code, failure_reason(attempt, job)
                                if job.status != "MISSING" else "the Ray job vanished")
+        else:  # in case stop_run's message was lost; Ray signals a stopping job only once
+            jobs.stop(attempt.ray_submission_id)
         return False
     if job.status == "RUNNING" and run.state == RunState.STARTING:
         _quiet_transition(run, RunState.RUNNING, expected=RunState.STARTING, message="Ray job running")

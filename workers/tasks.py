@@ -1,8 +1,9 @@
 """Celery tasks: thin shims around workers.dispatch (the domain services).
 
-Periodic (beat): schedule_runs, watch_runs, reconcile_runs, probe_clusters, purge_audit_log. On
-demand: the API queues schedule_runs after a submit, stop_run after a cancel and sync_run_notes
-after a change of a run's tags or note, by name
+Periodic (beat): schedule_runs, watch_runs, reconcile_runs, probe_clusters, purge_audit_log,
+deliver_notifications, find_stalled_runs. On demand: the API queues schedule_runs after a submit,
+stop_run after a cancel, sync_run_notes after a change of a run's tags or note and
+deliver_notifications after an event worth telling, by name
 (`ascent.celery.send`), so the web process imports none of this.
 """
 
@@ -83,3 +84,17 @@ def purge_audit_log() -> int:
     from audit import services
 
     return services.purge_expired()
+
+
+@app.task(name="workers.tasks.deliver_notifications")
+def deliver_notifications() -> list[int]:
+    from notifications import services
+
+    return services.deliver_due()
+
+
+@app.task(name="workers.tasks.find_stalled_runs")
+def find_stalled_runs() -> int:
+    from notifications import services
+
+    return services.find_stalls()

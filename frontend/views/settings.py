@@ -33,6 +33,7 @@ from experiments.queries import parse_id
 from experiments.services import create_experiment, notify_worker
 from experiments.validation import AllocationInput
 from frontend.forms import ExperimentForm, ProjectForm
+from frontend.views import notifications
 
 
 def _page(request, status=200, experiment_form=None, **extra):
@@ -43,6 +44,7 @@ def _page(request, status=200, experiment_form=None, **extra):
     healthy = allocation.healthy_devices()
     for project in projects:
         project.allocation = _allocation(project, healthy)
+        project.notify = notifications.context(project, request.user)
         project.manageable = project.can_admin(request.user)
         project.writable = project.can_write(request.user)
         project.pending = (project.invitations.filter(state=InvitationState.PENDING)
@@ -159,7 +161,8 @@ NEW_TOKEN = "ascent:new-token"
 
 @login_required
 def settings_page(request):
-    return _page(request, new_token=request.session.pop(NEW_TOKEN, None))
+    return _page(request, new_token=request.session.pop(NEW_TOKEN, None),
+                 new_webhook=request.session.pop(notifications.NEW_WEBHOOK, None))
 
 
 @login_required

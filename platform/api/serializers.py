@@ -22,6 +22,8 @@ from experiments.choices import WaitingCause
 from experiments.limits import MAX_RESTARTS, PRIORITY, QUOTA_DEVICES
 from experiments.models import Attempt, Experiment, Run, RunEvent
 from experiments.validation import AllocationInput, RunNotesInput
+from notifications.models import Delivery, Webhook
+from notifications.validation import EmailSubscriptionInput, WebhookInput
 from rl_core.spec import SpecError, check_spec_bounds, override_refusal
 
 User = get_user_model()
@@ -170,6 +172,51 @@ class AllocationSerializer(serializers.Serializer):
         child=serializers.IntegerField(),
         help_text="Cause (capacity, quota, share, limit, cluster) -> its queued runs waiting "
                   "for it.")
+
+
+class WebhookSerializer(serializers.ModelSerializer):
+    """A project's webhook; its secret is shown only in the answer that created it."""
+
+    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    last_delivery = serializers.SerializerMethodField(
+        help_text="The newest delivery's state and time, or null.")
+
+    class Meta:
+        model = Webhook
+        fields = ["id", "name", "url", "format", "events", "stall_minutes", "active",
+                  "allow_local", "created_by", "created_at", "last_delivery"]
+        read_only_fields = fields
+
+    @extend_schema_field(serializers.DictField(allow_null=True))
+    def get_last_delivery(self, obj):
+        last = obj.deliveries.order_by("-created_at", "-id").first()
+        return None if last is None else {"id": last.pk, "event": last.event, "state": last.state,
+                                          "created_at": last.created_at}
+
+
+class NewWebhookSerializer(WebhookSerializer):
+    secret = serializers.CharField(read_only=True, help_text="Signs every request (HMAC-SHA256); "
+                                   "shown only in this answer.")
+
+    class Meta(WebhookSerializer.Meta):
+        fields = WebhookSerializer.Meta.fields + ["secret"]
+        read_only_fields = fields
+
+
+class WebhookInputSerializer(StrictInputMixin, WebhookInput):
+    """A new webhook (POST: name, url and events required) or changes to one (PATCH)."""
+
+
+class DeliverySerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Delivery
+        fields = ["id", "event", "run", "state", "attempts", "next_attempt_at", "last_status",
+                  "last_error", "created_at", "delivered_at", "payload"]
+        read_only_fields = fields
+
+
+class EmailSubscriptionSerializer(StrictInputMixin, EmailSubscriptionInput):
+    project = serializers.IntegerField(help_text="A project you are a member of.")
 
 
 class TokenSerializer(StrictInputMixin, TokenInput):
@@ -488,9 +535,17 @@ class MeProjectSerializer(serializers.Serializer):
 
 class MeSerializer(serializers.Serializer):
     username = serializers.CharField()
+    email = serializers.EmailField(allow_blank=True, help_text="Where your notification "
+                                   "e-mails go (me/notifications/); empty: none can be sent.")
     is_staff = serializers.BooleanField()
     projects = MeProjectSerializer(many=True, help_text="Your memberships.")
     server_time = serializers.DateTimeField()
+
+
+class MeInputSerializer(StrictSerializer):
+    email = serializers.EmailField(allow_blank=True, max_length=254, required=False,
+                                   help_text="Your e-mail address for notifications; left "
+                                   "out: unchanged.")
 
 
 class ErrorItemSerializer(serializers.Serializer):

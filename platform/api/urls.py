@@ -32,5 +32,6 @@ urlpatterns = [
     path("spec/schema/", views.SpecSchemaView.as_view(), name="spec-schema"),
     path("spec/presets/", views.SpecPresetsView.as_view(), name="spec-presets"),
     path("me/", views.MeView.as_view(), name="me"),
+    path("me/notifications/", views.NotificationsView.as_view(), name="me-notifications"),
     *router.urls,
 ]

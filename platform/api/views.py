@@ -35,6 +35,7 @@ from experiments import allocation, precision, services, tracking
 from experiments.filters import RunFilter
 from experiments.models import Experiment, Run
 from experiments.queries import ID_MAX, parse_id, visible_runs
+from notifications import services as notification_services
 from rl_core.spec import PRESETS, spec_json_schema
 
 ERRORS = {
@@ -155,6 +156,71 @@ class ProjectViewSet(viewsets.ModelViewSet):
                                       **serializer.validated_data)
             services.notify_worker("workers.tasks.schedule_runs")
         return Response(s.AllocationSerializer(allocation.allocation(project)).data)
+
+    @extend_schema(responses={200: s.WebhookSerializer(many=True)}, methods=["GET"])
+    @extend_schema(request=s.WebhookInputSerializer, methods=["POST"],
+                   responses={201: s.NewWebhookSerializer, **ERRORS})
+    @action(detail=True, methods=["get", "post"], pagination_class=None, filter_backends=[])
+    def webhooks(self, request, pk=None):
+        """The project's webhooks (members; never their secrets), or a new one (owners): the
+        answer holds its secret, shown this once."""
+        project = self.get_object()
+        if request.method == "GET":
+            return Response(s.WebhookSerializer(project.webhooks.all(), many=True).data)
+        membership_rules.require_owner(project, request.user)
+        serializer = s.WebhookInputSerializer(data=request.data, context={"request": request})
+        serializer.is_valid(raise_exception=True)
+        if project.webhooks.filter(name=serializer.validated_data["name"]).exists():
+            raise ValidationError({"name": ["The project has a webhook of this name already."]})
+        hook = notification_services.create_webhook(project, request.user,
+                                                    serializer.validated_data)
+        return Response(s.NewWebhookSerializer(hook).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(responses={200: s.WebhookSerializer, **ERRORS}, methods=["GET"])
+    @extend_schema(request=s.WebhookInputSerializer, methods=["PATCH"],
+                   responses={200: s.WebhookSerializer, **ERRORS})
+    @extend_schema(responses={204: None, **ERRORS}, methods=["DELETE"])
+    @action(detail=True, methods=["get", "patch", "delete"], filter_backends=[],
+            url_path=r"webhooks/(?P<webhook_id>[0-9]+)")
+    def webhook(self, request, pk=None, webhook_id=None):
+        """One webhook (members); change or delete it (owners). Its secret never shows again."""
+        project = self.get_object()
+        hook = get_object_or_404(project.webhooks, pk=webhook_id)
+        if request.method == "GET":
+            return Response(s.WebhookSerializer(hook).data)
+        membership_rules.require_owner(project, request.user)
+        if request.method == "DELETE":
+            hook.delete()
+            return Response(status=status.HTTP_204_NO_CONTENT)
+        serializer = s.WebhookInputSerializer(hook, data=request.data, partial=True,
+                                              context={"request": request})
+        serializer.is_valid(raise_exception=True)
+        name = serializer.validated_data.get("name")
+        if name and project.webhooks.filter(name=name).exclude(pk=hook.pk).exists():
+            raise ValidationError({"name": ["The project has a webhook of this name already."]})
+        hook = notification_services.update_webhook(hook, serializer.validated_data)
+        return Response(s.WebhookSerializer(hook).data)
+
+    @extend_schema(responses={200: s.DeliverySerializer(many=True), **ERRORS})
+    @action(detail=True, methods=["get"], pagination_class=None, filter_backends=[],
+            url_path=r"webhooks/(?P<webhook_id>[0-9]+)/deliveries")
+    def webhook_deliveries(self, request, pk=None, webhook_id=None):
+        """The webhook's last 100 deliveries, newest first, with their state, tries, last HTTP
+        status and error (members)."""
+        project = self.get_object()
+        hook = get_object_or_404(project.webhooks, pk=webhook_id)
+        return Response(s.DeliverySerializer(hook.deliveries.all()[:100], many=True).data)
+
+    @extend_schema(request=None, responses={202: s.DeliverySerializer, **ERRORS})
+    @action(detail=True, methods=["post"], filter_backends=[],
+            url_path=r"webhooks/(?P<webhook_id>[0-9]+)/ping")
+    def webhook_ping(self, request, pk=None, webhook_id=None):
+        """Queue a test delivery (event `ping`) to the webhook (owners)."""
+        project = self.get_object()
+        hook = get_object_or_404(project.webhooks, pk=webhook_id)
+        membership_rules.require_owner(project, request.user)
+        delivery = notification_services.ping(hook)
+        return Response(s.DeliverySerializer(delivery).data, status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(responses={200: s.InvitationSerializer(many=True), **ERRORS})
     @action(detail=True, methods=["get"], pagination_class=None, filter_backends=[])
@@ -520,20 +586,57 @@ class InvitationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewse
         return Response(s.InvitationSerializer(invitation).data)
 
 
+class NotificationsView(APIView):
+    """Your e-mail notifications: per project you are a member of, the events of its runs you
+    want an e-mail about (to your account's address) and the stall threshold."""
+
+    @extend_schema(responses={200: s.EmailSubscriptionSerializer(many=True)})
+    def get(self, request):
+        return Response(notification_services.subscriptions_of(request.user))
+
+    @extend_schema(request=s.EmailSubscriptionSerializer(many=True),
+                   responses={200: s.EmailSubscriptionSerializer(many=True), **ERRORS})
+    def put(self, request):
+        """Set the subscriptions of the projects named (an empty `events` list: none); other
+        projects keep theirs."""
+        serializer = s.EmailSubscriptionSerializer(data=request.data, many=True)
+        serializer.is_valid(raise_exception=True)
+        mine = set(request.user.memberships.values_list("project_id", flat=True))
+        for index, item in enumerate(serializer.validated_data):
+            if item["project"] not in mine:
+                raise ValidationError({f"{index}.project": [
+                    f"You are not a member of project {item['project']}."]})
+        notification_services.set_subscriptions(request.user, serializer.validated_data)
+        return Response(notification_services.subscriptions_of(request.user))
+
+
 class MeView(APIView):
     """Who the request is authenticated as."""
 
     @extend_schema(responses={200: s.MeSerializer})
     def get(self, request):
-        user = request.user
-        return Response({
+        return Response(self._me(request.user))
+
+    @extend_schema(request=s.MeInputSerializer, responses={200: s.MeSerializer, **ERRORS})
+    def patch(self, request):
+        """Change your e-mail address (where notification e-mails go)."""
+        serializer = s.MeInputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        if "email" in serializer.validated_data:
+            notification_services.set_email(request.user, serializer.validated_data["email"])
+        return Response(self._me(request.user))
+
+    @staticmethod
+    def _me(user) -> dict:
+        return {
             "username": user.get_username(),
+            "email": user.email,
             "is_staff": user.is_staff,
             "projects": [
                 {"id": m.project_id, "name": m.project.name, "role": m.role}
                 for m in user.memberships.select_related("project")
             ],
             "server_time": timezone.now(),
-        })
+        }
 
 

@@ -45,6 +45,7 @@ INSTALLED_APPS = [
     "frontend",
     "axes",
     "audit",
+    "notifications",
 ]
 
 MIDDLEWARE = [
@@ -147,7 +148,23 @@ CELERY_BEAT_SCHEDULE = {
     "probe-clusters": {"task": "workers.tasks.probe_clusters",
                        "schedule": env_int("ASCENT_PROBE_EVERY_S", 30, minimum=1)},
     "purge-audit-log": {"task": "workers.tasks.purge_audit_log", "schedule": 24 * 3600},
+    "deliver-notifications": {"task": "workers.tasks.deliver_notifications",
+                              "schedule": env_int("ASCENT_DELIVER_EVERY_S", 5, minimum=1)},
+    "find-stalled-runs": {"task": "workers.tasks.find_stalled_runs",
+                          "schedule": env_int("ASCENT_STALL_CHECK_EVERY_S", 60, minimum=1)},
 }
+
+# Notifications (notifications/services.py): links in e-mails and webhook payloads point here;
+# e-mail goes through Django's mail backend (SMTP: EMAIL_HOST, EMAIL_PORT, EMAIL_HOST_USER,
+# EMAIL_HOST_PASSWORD, EMAIL_USE_TLS, as Django reads them).
+ASCENT_PUBLIC_URL = env_str("ASCENT_PUBLIC_URL", "http://localhost:8000")
+EMAIL_BACKEND = env_str("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
+EMAIL_HOST = env_str("EMAIL_HOST", "localhost")
+EMAIL_PORT = env_int("EMAIL_PORT", 25, minimum=1)
+EMAIL_HOST_USER = env_str("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "ascent@localhost")
 
 # Dispatch. Each run's training output (checkpoints, metrics file) lives in
 # ASCENT_RUNS_DIR/run-<id>, shared by its attempts so a restart resumes from the latest

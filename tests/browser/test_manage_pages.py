@@ -182,8 +182,10 @@ def test_a_viewer_sees_no_write_buttons(page, sign_in, team, fleet):
     page.goto("/settings/")
     alpha = page.get_by_test_id("project-alpha")
     expect(alpha.get_by_test_id("member-owner")).to_contain_text("Owner")
-    expect(alpha.get_by_role("button")).to_have_count(0)
-    expect(alpha.locator("select, input")).to_have_count(0)
+    # Only their own e-mail settings: nothing of the project's.
+    expect(alpha.get_by_role("button")).to_have_text(["Save my e-mails"])
+    expect(alpha.locator("form:not(.notify-email) select, form:not(.notify-email) input")
+           ).to_have_count(0)
     expect(alpha).to_contain_text("Only its owners manage its members.")
 
 
@@ -229,3 +231,57 @@ def test_the_admin_sets_a_quota_and_the_queue_says_why_a_run_waits(page, sign_in
     page.goto("/settings/")
     expect(page.get_by_test_id("share-alpha")).to_contain_text("1 for quota")
     screenshot(page, "settings-quotas", page.get_by_test_id("project-alpha"))
+
+
+def test_the_admin_adds_a_webhook_tests_it_and_a_member_subscribes_to_emails(
+        page, sign_in, team):
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from notifications import services
+    from notifications.models import EmailSubscription, Webhook
+
+    received = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        sign_in(team["users"]["admin"])
+        page.goto("/settings/")
+        form = page.get_by_test_id("new-webhook-alpha")
+        form.get_by_label("Webhook name").fill("team-slack")
+        form.get_by_label("URL").fill(f"http://127.0.0.1:{server.server_port}/hook")
+        form.get_by_label("Format").select_option("slack")
+        form.get_by_label("Allow a loopback or link-local address").check()
+        form.get_by_role("button", name="Add webhook").click()
+        secret = Webhook.objects.get().secret
+        expect(page.get_by_test_id("new-webhook-secret")).to_have_text(secret)
+        row = page.get_by_test_id("webhook-team-slack")
+        row.get_by_role("button", name="Send a test delivery to team-slack").click()
+        expect(page.locator(".messages")).to_contain_text("A test delivery to team-slack")
+        services.deliver_due()  # what the worker's deliver_notifications does
+        assert received and received[0]["text"].startswith("Ascent: webhook team-slack")
+        page.reload()
+        expect(page.get_by_test_id("webhook-team-slack")).to_contain_text("delivered")
+
+        sign_in(team["users"]["owner"])
+        page.goto("/settings/")
+        email = page.get_by_test_id("email-alpha")
+        email.get_by_label("failed").check()
+        email.get_by_label("stalled (no step for a while)").check()
+        email.get_by_role("button", name="Save my e-mails").click()
+        expect(page.locator(".messages")).to_contain_text("You will get an e-mail")
+        assert EmailSubscription.objects.get().events == ["run.failed", "run.stalled"]
+        screenshot(page, "settings-notifications", page.get_by_test_id("notifications-alpha"))
+    finally:
+        server.shutdown()

@@ -20,7 +20,7 @@ from accounts.choices import Role
 from accounts.models import Membership, Project
 from clusters.models import Cluster, Node
 from experiments.models import Attempt, Experiment, Run
-from tests.stack import tiny_run, wait_state
+from tests.stack import WebhookReceiver, tiny_run, wait_state
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -56,10 +56,25 @@ def jobs_of(ray_head, token, run_id: int) -> list:
 
 
 def test_a_submitted_run_succeeds_with_metrics_logs_and_a_checkpoint(world, worker, mlflow_server):
+    from notifications import signing
+    from notifications.models import Webhook
+
     client, experiment = world
+    receiver = WebhookReceiver()
+    hook = Webhook.objects.create(project=experiment.project, name="ci", url=receiver.url,
+                                  events=["run.succeeded"], allow_local=True)
     run_id = submit(client, experiment, tiny_run(2))
     run = wait_state(run_id, {"SUCCEEDED", "FAILED"}, 300, worker)
     assert run.state == "SUCCEEDED", run.error
+    # The worker tells the project's webhook, signed.
+    deadline = time.monotonic() + 60
+    while not receiver.requests:
+        assert time.monotonic() < deadline, "the webhook heard nothing"
+        time.sleep(0.3)
+    receiver.close()
+    (sent,) = receiver.requests
+    assert signing.verify(hook.secret, sent["headers"]["X-Ascent-Signature"], sent["body"])
+    assert sent["headers"]["X-Ascent-Event"] == "run.succeeded"
     assert [e.to_state for e in run.events.all()] == [
         "QUEUED", "SCHEDULED", "STARTING", "RUNNING", "SUCCEEDED"] or \
         [e.to_state for e in run.events.all()] == ["QUEUED", "SCHEDULED", "STARTING", "SUCCEEDED"]

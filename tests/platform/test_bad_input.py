@@ -39,15 +39,21 @@ def seeded(project, experiment, cluster, users, tiny_spec):
     from accounts.models import ApiToken
 
     token, _ = ApiToken.issue(users["admin"], "spare")
+    from notifications.models import Webhook
+
+    hook = Webhook.objects.create(project=project, name="seeded", url="https://hooks.example.com/",
+                                  events=["run.failed"])
     return {"clusters": cluster.pk, "nodes": cluster.nodes.get().pk, "projects": project.pk,
-            "experiments": experiment.pk, "runs": run.pk, "tokens": token.pk}
+            "experiments": experiment.pk, "runs": run.pk, "tokens": token.pk,
+            "webhook_id": hook.pk}
 
 
 def url(path: str, seeded: dict, id_value=None) -> str:
     """The path with real ids (or `id_value` for every id) and a member's username."""
     resource = path.split("/")[3]
     ident = seeded.get(resource, 1) if id_value is None else id_value
-    return path.replace("{id}", str(ident)).replace("{username}", "viewer")
+    return (path.replace("{id}", str(ident)).replace("{username}", "viewer")
+            .replace("{webhook_id}", str(seeded.get("webhook_id", 1))))
 
 
 def request_properties(operation: dict, document_schemas: dict) -> dict:

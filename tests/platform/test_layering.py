@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-DOMAIN_APPS = ("accounts", "clusters", "experiments")
+DOMAIN_APPS = ("accounts", "clusters", "experiments", "notifications")
 
 
 def modules(folder: Path) -> list[Path]:

@@ -138,7 +138,14 @@ STATE_REFUSALS = ("does not exist", "Invalid pk", "There is no user named", "alr
                   "has no attempt",
                   # a node's healthy devices are at most its devices: a rule across two fields
                   # (and, for PATCH, across the body and the stored node)
-                  "healthy devices exceed device_count")
+                  "healthy devices exceed device_count",
+                  # a webhook's URL is checked on what its host resolves to (nothing, here,
+                  # or a loopback address), and its name is unique in the project
+                  "Cannot resolve", "resolves to", "Use an http:// or https:// URL",
+                  "Leave credentials out of the URL", "port is not a number",
+                  "The project has a webhook of this name already",
+                  # e-mail subscriptions are for projects you are a member of
+                  "You are not a member of project")
 
 
 def refused_for_state(response) -> bool:
