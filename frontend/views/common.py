@@ -47,3 +47,19 @@ def ordered_spec(spec: dict) -> dict:
         return RunSpec.model_validate(spec).model_dump(mode="json")
     except ValueError:  # stored under older rules: shown as it is
         return spec
+
+
+def errors_text(serializer) -> str:
+    """A serializer's errors as one sentence per field, e.g. 'role: "x" is not a valid choice.'"""
+    return " ".join(f"{field}: {text}" if field != "non_field_errors" else str(text)
+                    for field, text in flat_errors(serializer.errors))
+
+
+def flat_errors(errors, prefix: str = ""):
+    """(field path, message) pairs of DRF errors, nested ones as `quotas.npu`."""
+    for field, texts in errors.items():
+        name = f"{prefix}{field}"
+        if isinstance(texts, dict):
+            yield from flat_errors(texts, f"{name}.")
+        else:
+            yield from ((name, text) for text in texts)

@@ -18,6 +18,7 @@ from accounts.queries import visible_projects
 from notifications import services
 from notifications.choices import Event, WebhookFormat
 from notifications.models import STALL_DEFAULT, EmailSubscription
+from frontend.views.common import errors_text
 from notifications.validation import EmailSubscriptionInput, WebhookInput
 
 # The session key that carries a new webhook's secret to the page shown next (once).
@@ -41,25 +42,19 @@ def _back(project):
     return redirect(f"{reverse('frontend:settings')}#notifications-{project.name}")
 
 
-def _problems(serializer) -> str:
-    return " ".join(f"{field}: {text}" for field, texts in serializer.errors.items()
-                    for text in (texts if isinstance(texts, list) else [texts]))
-
-
 @login_required
 @require_POST
 def email_settings(request, pk):
     """Your e-mail subscription to a project's runs (any member)."""
     project = get_object_or_404(visible_projects(request.user).distinct(), pk=pk)
-    if project.role_of(request.user) is None or not project.memberships.filter(
-            user=request.user).exists():
+    if not project.memberships.filter(user=request.user).exists():  # staff see every project
         messages.error(request, f"You are not a member of {project.name}.")
         return _back(project)
     serializer = EmailSubscriptionInput(data={
         "events": request.POST.getlist("events"),
         "stall_minutes": request.POST.get("stall_minutes") or STALL_DEFAULT})
     if not serializer.is_valid():
-        messages.error(request, f"Could not save your e-mails: {_problems(serializer)}")
+        messages.error(request, f"Could not save your e-mails: {errors_text(serializer)}")
         return _back(project)
     data = serializer.validated_data
     services.set_subscriptions(request.user, [{"project": project.pk, **data}])
@@ -89,7 +84,7 @@ def webhook_create(request, pk):
         "stall_minutes": request.POST.get("stall_minutes") or STALL_DEFAULT,
         "allow_local": bool(request.POST.get("allow_local"))}, context={"request": request})
     if not serializer.is_valid():
-        messages.error(request, f"Could not add the webhook: {_problems(serializer)}")
+        messages.error(request, f"Could not add the webhook: {errors_text(serializer)}")
         return _back(project)
     if project.webhooks.filter(name=serializer.validated_data["name"]).exists():
         messages.error(request, "Could not add the webhook: name: the project has a webhook "

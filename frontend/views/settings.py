@@ -33,6 +33,7 @@ from experiments.queries import parse_id
 from experiments.services import create_experiment, notify_worker
 from experiments.validation import AllocationInput
 from frontend.forms import ExperimentForm, ProjectForm
+from frontend.views.common import errors_text
 from frontend.views import notifications
 
 
@@ -94,29 +95,13 @@ def project_allocation(request, pk):
                                        "quotas": quotas})
     if not serializer.is_valid():
         messages.error(request, f"Could not change {project.name}'s devices: "
-                                f"{_errors(serializer)}")
+                                f"{errors_text(serializer)}")
         return back
     allocation.set_allocation(project, replace=True, **serializer.validated_data)
     notify_worker("workers.tasks.schedule_runs")
     messages.success(request, f"Saved {project.name}'s quotas and fair-share weight; they apply "
                               "to the runs admitted from now on.")
     return back
-
-
-def _errors(serializer) -> str:
-    """A serializer's errors as one sentence per field, e.g. 'role: "x" is not a valid choice.'"""
-    return " ".join(f"{field}: {text}" if field != "non_field_errors" else str(text)
-                    for field, text in _flat(serializer.errors))
-
-
-def _flat(errors, prefix: str = ""):
-    """(field path, message) pairs of DRF errors, nested ones as `quotas.npu`."""
-    for field, texts in errors.items():
-        name = f"{prefix}{field}"
-        if isinstance(texts, dict):
-            yield from _flat(texts, f"{name}.")
-        else:
-            yield from ((name, text) for text in texts)
 
 
 @login_required
@@ -190,7 +175,7 @@ def member_action(request, pk):
         elif op == "role":
             serializer = RoleInput(data={"role": request.POST.get("role")})
             if not serializer.is_valid():
-                messages.error(request, f"Could not change the role of {username}: {_errors(serializer)}")
+                messages.error(request, f"Could not change the role of {username}: {errors_text(serializer)}")
                 return back
             membership_rules.set_role(membership, serializer.validated_data["role"])
             messages.success(request, f"{username} is now {membership.role} of {project.name}.")
@@ -207,7 +192,7 @@ def member_action(request, pk):
 def _invite(request, project, username, back):
     serializer = InviteInput(data={"username": username, "role": request.POST.get("role")})
     if not serializer.is_valid():
-        messages.error(request, f"Could not invite {username or 'anyone'}: {_errors(serializer)}")
+        messages.error(request, f"Could not invite {username or 'anyone'}: {errors_text(serializer)}")
         return back
     data = serializer.validated_data
     throttle = InviteThrottle()

@@ -19,9 +19,9 @@ from ascent.validators import plain_text
 from clusters.models import ROOT_FIELDS, Cluster, Node, normalize_roots
 from clusters.services import cluster_capacity
 from experiments.choices import WaitingCause
-from experiments.limits import MAX_RESTARTS, PRIORITY, QUOTA_DEVICES
+from experiments.limits import MAX_RESTARTS, PRIORITY
 from experiments.models import Attempt, Experiment, Run, RunEvent
-from experiments.validation import AllocationInput, RunNotesInput
+from experiments.validation import AllocationInput, QuotasInput, RunNotesInput
 from notifications.models import Delivery, Webhook
 from notifications.validation import EmailSubscriptionInput, WebhookInput
 from rl_core.spec import SpecError, check_spec_bounds, override_refusal
@@ -135,24 +135,15 @@ class ProjectSerializer(StrictModelSerializer):
         return role.value if role else None
 
 
-class QuotasSerializer(StrictSerializer):
-    """Device kind -> the most devices of that kind the project's active runs may hold at
-    once; null removes the quota (no limit)."""
-
-    npu = serializers.IntegerField(required=False, allow_null=True, min_value=QUOTA_DEVICES.low,
-                                   max_value=QUOTA_DEVICES.high)
-    gpu = serializers.IntegerField(required=False, allow_null=True, min_value=QUOTA_DEVICES.low,
-                                   max_value=QUOTA_DEVICES.high)
-    cpu = serializers.IntegerField(required=False, allow_null=True, min_value=QUOTA_DEVICES.low,
-                                   max_value=QUOTA_DEVICES.high)
+class QuotasSerializer(StrictInputMixin, QuotasInput):
+    __doc__ = QuotasInput.__doc__
 
 
 class AllocationInputSerializer(StrictInputMixin, AllocationInput):
     """New weight and quotas (staff). PUT: `quotas` replaces every quota (kinds left out lose
     theirs); PATCH: only the kinds named change. A key left out keeps what the project has."""
 
-    quotas = QuotasSerializer(required=False, help_text=AllocationInput().fields["quotas"]
-                              .help_text)
+    quotas = QuotasSerializer(required=False)
 
 
 class AllocationSerializer(serializers.Serializer):

@@ -8,7 +8,6 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from accounts.models import SHARE_WEIGHT_MAX, SHARE_WEIGHT_MIN
-from clusters.choices import DeviceKind
 from experiments.limits import QUOTA_DEVICES
 from rl_core.spec import NOT_PLAIN_CHARS, plain_text_problem
 
@@ -70,6 +69,21 @@ class RunNotesInput(serializers.Serializer):
         return note.strip()
 
 
+def _quota_field() -> serializers.IntegerField:
+    return serializers.IntegerField(required=False, allow_null=True, min_value=QUOTA_DEVICES.low,
+                                    max_value=QUOTA_DEVICES.high)
+
+
+class QuotasInput(serializers.Serializer):
+    """Device kind -> the most devices of that kind the project's active runs may hold at
+    once; null removes the quota (no limit). A quota below what the project holds now applies
+    to new admissions only."""
+
+    npu = _quota_field()
+    gpu = _quota_field()
+    cpu = _quota_field()
+
+
 class AllocationInput(serializers.Serializer):
     """A project's fair-share weight and device quotas, as platform administrators set them
     (PUT/PATCH of /projects/{id}/allocation/ and the settings page's form)."""
@@ -78,18 +92,4 @@ class AllocationInput(serializers.Serializer):
         required=False, min_value=SHARE_WEIGHT_MIN, max_value=SHARE_WEIGHT_MAX,
         help_text=f"Fair-share weight, {SHARE_WEIGHT_MIN:g} to {SHARE_WEIGHT_MAX:g} (1 by "
                   "default): devices are shared among projects in proportion to it.")
-    quotas = serializers.DictField(
-        required=False, allow_empty=True,
-        child=serializers.IntegerField(min_value=QUOTA_DEVICES.low, max_value=QUOTA_DEVICES.high,
-                                       allow_null=True),
-        help_text="Device kind (npu, gpu, cpu) -> the most devices of that kind the project's "
-                  "active runs may hold at once; null removes the quota (no limit). A quota "
-                  "below what the project holds now applies to new admissions only.")
-
-    def validate_quotas(self, quotas: dict) -> dict:
-        unknown = sorted(set(quotas) - set(DeviceKind.values))
-        if unknown:
-            raise serializers.ValidationError(
-                f"Unknown device kind {', '.join(map(repr, unknown))}: use "
-                f"{', '.join(DeviceKind.values)}.")
-        return quotas
+    quotas = QuotasInput(required=False)
