@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import operator
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
-from rest_framework import serializers
+from rest_framework import ISO_8601, serializers
+from rest_framework.settings import api_settings
 
 from accounts.choices import Role
 from accounts.models import Invitation, Membership, Project
@@ -18,7 +21,7 @@ from api.strict import JSONObjectField, StrictInputMixin, StrictModelSerializer,
 from ascent.validators import plain_text
 from clusters.models import ROOT_FIELDS, Cluster, Node, normalize_roots
 from clusters.services import cluster_capacity
-from experiments.choices import WaitingCause
+from experiments.choices import TERMINAL_STATES, WaitingCause
 from experiments.limits import MAX_RESTARTS, PRIORITY
 from experiments.models import Attempt, Experiment, Run, RunEvent
 from experiments.validation import AllocationInput, QuotasInput, RunNotesInput
@@ -315,37 +318,118 @@ class RunNotesSerializer(StrictInputMixin, RunNotesInput):
 LEFT_OUT_OF_LISTS = ("spec", "attempts", "note")
 
 
-class RunListSerializer(RunSerializer):
-    """The list view leaves out the spec, the attempts and the note to keep pages small."""
+class FromRows:
+    """A read-only serializer's output made from rows of `QuerySet.values(*cls.columns())`, not
+    from model instances: building runs and their related rows, and DRF's general field lookup,
+    were most of the time a page of runs took. `computed` names the fields that are not a
+    column: name -> (the column they need or None, a getter over the row). The output is the
+    same as ModelSerializer's (tests/platform/test_runs_list_queries.py compares them)."""
 
-    # The related columns the list shows; everything else of those rows stays unread.
-    related_columns = ("experiment__project_id", "created_by__username", "cluster__name")
+    computed: dict = {}
+
+    @classmethod
+    def columns(cls) -> list[str]:
+        """What the query selects: the columns shown, related ones by their lookups
+        (`created_by__username`), a foreign key by its name (its id)."""
+        if "_columns" not in cls.__dict__:  # once per class: building the fields takes a while
+            keys = (_row_key(cls, field) for field in _fields_of(cls))
+            cls._columns = list(dict.fromkeys(key for key in keys if key is not None))
+        return cls._columns
+
+    def to_representation(self, row):
+        """The row's fields, read with a getter per field made once per serializer (page)."""
+        readers = self.__dict__.get("_readers")
+        if readers is None:
+            readers = self._readers = _row_readers(type(self))
+        return {name: read(row) for name, read in readers}
+
+
+RUN_COMPUTED = {
+    "is_terminal": ("state", lambda row: row["state"] in TERMINAL_STATES),
+    "tags": (None, operator.itemgetter("tags")),  # experiments.queries.with_tag_names
+}
+
+
+class RunListSerializer(FromRows, RunSerializer):
+    """The list view leaves out the spec, the attempts and the note to keep pages small. It
+    serializes rows, each with its `tags` added (`experiments.queries.with_tag_names`)."""
+
+    computed = RUN_COMPUTED
 
     class Meta(RunSerializer.Meta):
         fields = [f for f in RunSerializer.Meta.fields if f not in LEFT_OUT_OF_LISTS]
         read_only_fields = fields
 
-    @classmethod
-    def columns(cls) -> list[str]:
-        """What a list query selects (`QuerySet.only`): the run's columns but its spec and note,
-        and the related ones shown."""
-        own = [f.name for f in Run._meta.concrete_fields if f.name not in LEFT_OUT_OF_LISTS]
-        return [*own, *cls.related_columns]
 
-    def to_representation(self, instance):
-        """ModelSerializer's output, read with a getter per field made once per page: DRF's
-        general attribute lookup is most of the time a page of 50 to 500 runs takes."""
-        if not hasattr(self, "_readers"):
-            self._readers = [_reader(field) for field in self._readable_fields]
-        return {name: None if (value := read(instance)) is None else show(value)
-                for name, read, show in self._readers}
+class AttemptRowSerializer(FromRows, AttemptSerializer):
+    """AttemptSerializer's output from rows."""
 
 
-def _reader(field):
-    """(name, getter, representation) of a read-only field; an id field reads the id column."""
-    if isinstance(field, serializers.PrimaryKeyRelatedField):
-        return field.field_name, operator.attrgetter(f"{field.source}_id"), int
-    return field.field_name, operator.attrgetter(".".join(field.source_attrs)), field.to_representation
+class RunRowSerializer(FromRows, RunSerializer):
+    """RunSerializer's output (a run: GET runs/{id}/) from a row with its `tags` and its
+    `attempts` (AttemptRowSerializer's output) added."""
+
+    computed = {**RUN_COMPUTED, "attempts": (None, operator.itemgetter("attempts"))}
+
+
+# Fields whose value, as the database gives it, is already what ModelSerializer outputs.
+_AS_STORED = (serializers.CharField, serializers.IntegerField, serializers.BooleanField,
+              serializers.ChoiceField, serializers.PrimaryKeyRelatedField,
+              serializers.SlugRelatedField, serializers.JSONField)
+
+
+def _fields_of(serializer_class) -> list:
+    """The readable fields of a FromRows serializer, built once per class."""
+    if "_row_fields" not in serializer_class.__dict__:
+        serializer_class._row_fields = list(serializer_class()._readable_fields)
+    return serializer_class._row_fields
+
+
+def _row_key(serializer_class, field) -> str | None:
+    """The `values()` name a field is read from."""
+    if field.field_name in serializer_class.computed:
+        return serializer_class.computed[field.field_name][0]
+    if isinstance(field, serializers.SlugRelatedField):
+        return f"{field.source}__{field.slug_field}"
+    return "__".join(field.source_attrs)  # a foreign key's name alone gives its id
+
+
+def _row_readers(serializer_class) -> list:
+    """(name, getter) of each field of a FromRows serializer over a row. Only date-times need
+    converting: the database gives the other columns as ModelSerializer outputs them."""
+    zone = timezone.get_current_timezone() if settings.USE_TZ else None
+    readers = []
+    for field in _fields_of(serializer_class):
+        key = _row_key(serializer_class, field)
+        if field.field_name in serializer_class.computed:
+            read = serializer_class.computed[field.field_name][1]
+        elif isinstance(field, serializers.DateTimeField):
+            read = _datetime_reader(field, key, zone)
+        elif isinstance(field, _AS_STORED):
+            read = operator.itemgetter(key)
+        else:
+            read = _generic_reader(field, key)
+        readers.append((field.field_name, read))
+    return readers
+
+
+def _generic_reader(field, key: str):
+    return lambda row: None if (value := row[key]) is None else field.to_representation(value)
+
+
+def _datetime_reader(field, key: str, zone):
+    """DateTimeField.to_representation of an aware date-time column, in `zone`, without its
+    per-value lookup of the current time zone."""
+    if zone is None or getattr(field, "format", api_settings.DATETIME_FORMAT) != ISO_8601:
+        return _generic_reader(field, key)
+
+    def read(row):
+        value = row[key]
+        if value is None:
+            return None
+        text = value.astimezone(zone).isoformat()
+        return text[:-6] + "Z" if text.endswith("+00:00") else text
+    return read
 
 
 def _refuse_big_overrides(overrides: list[str]) -> list[str]:

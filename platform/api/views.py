@@ -33,8 +33,8 @@ from clusters.models import Cluster, Node
 from clusters.services import fitting_clusters, set_node_state
 from experiments import allocation, precision, services, tracking
 from experiments.filters import RunFilter
-from experiments.models import Experiment, Run
-from experiments.queries import ID_MAX, parse_id, visible_runs
+from experiments.models import Attempt, Experiment, Run
+from experiments.queries import ID_MAX, parse_id, visible_runs, with_tag_names
 from notifications import services as notification_services
 from rl_core.spec import PRESETS, spec_json_schema
 
@@ -46,6 +46,9 @@ ERRORS = {
 }
 TRACKING_ERRORS = {**ERRORS, 503: OpenApiResponse(s.ErrorSerializer,
                                                    description="MLflow cannot be reached.")}
+
+# The run views that read rows (`QuerySet.values`) rather than runs, and what they serialize.
+ROW_SERIALIZERS = {"list": s.RunListSerializer, "retrieve": s.RunRowSerializer}
 
 
 # --- clusters -------------------------------------------------------------------------------
@@ -314,13 +317,21 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):
             return Run.objects.none()
-        runs = (visible_runs(self.request.user).select_related("experiment", "created_by", "cluster")
-                .prefetch_related("tags"))
-        if self.action == "list":
-            return runs.only(*s.RunListSerializer.columns())
-        if self.action == "retrieve":
-            runs = runs.prefetch_related("attempts__cluster")
-        return runs
+        if self.action in ROW_SERIALIZERS:  # rows, not runs: see serializers.FromRows
+            return visible_runs(self.request.user).values(*ROW_SERIALIZERS[self.action].columns())
+        return (visible_runs(self.request.user)
+                .select_related("experiment", "created_by", "cluster").prefetch_related("tags"))
+
+    def list(self, request, *args, **kwargs):
+        page = with_tag_names(self.paginate_queryset(self.filter_queryset(self.get_queryset())))
+        return self.get_paginated_response(s.RunListSerializer(page, many=True).data)
+
+    def retrieve(self, request, *args, **kwargs):
+        [run] = with_tag_names([self.get_object()])
+        attempts = (Attempt.objects.filter(run_id=run["id"])
+                    .values(*s.AttemptRowSerializer.columns()))
+        run["attempts"] = s.AttemptRowSerializer(attempts, many=True).data
+        return Response(s.RunRowSerializer(run).data)
 
     def filter_queryset(self, queryset):
         if not self.request.query_params:  # no filter, search or ordering asked for

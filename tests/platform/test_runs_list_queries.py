@@ -93,23 +93,66 @@ def test_the_web_ui_runs_table_does_not_load_spec_bodies(client, users, many_run
     assert runs_sql and all(SPEC_COLUMN not in q for q in runs_sql), runs_sql
 
 
-def test_the_list_shows_each_run_as_the_generic_serializer_would(many_runs, users):
+@pytest.mark.parametrize("zone", ["UTC", "Asia/Kolkata"])
+def test_the_list_shows_each_run_as_the_generic_serializer_would(many_runs, users, zone):
     from django.utils import timezone
     from rest_framework import serializers
+    from rest_framework.renderers import JSONRenderer
 
     from api.serializers import RunListSerializer
+    from experiments.queries import with_tag_names
 
     first, second = many_runs.order_by("id")[:2]
-    Run.objects.filter(pk=second.pk).update(cloned_from=first, resume_from=first, created_by=None,
-                                            started_at=timezone.now(), finished_at=timezone.now(),
-                                            state="FAILED", error="out of memory")
-    runs = list(Run.objects.select_related("experiment", "created_by", "cluster")
-                .only(*RunListSerializer.columns()).order_by("id"))
-    page = RunListSerializer(runs, many=True).data
+    Run.objects.filter(pk=second.pk).update(
+        cloned_from=first, resume_from=first, created_by=None, started_at=timezone.now(),
+        finished_at=timezone.now(), state="FAILED", error="out of memory", progress_step=3,
+        progress_at=timezone.now(), planned_steps=10, waiting_cause="quota", preemptible=False)
+    RunTag.objects.bulk_create(RunTag(run=second, name=name) for name in ("b", "Zed", "alpha", "A"))
     generic = RunListSerializer()
-    assert page == [serializers.ModelSerializer.to_representation(generic, run) for run in runs]
+    with timezone.override(zone):
+        runs = list(Run.objects.select_related("experiment", "created_by", "cluster")
+                    .prefetch_related("tags").order_by("id"))
+        expected = [serializers.ModelSerializer.to_representation(generic, run) for run in runs]
+        rows = list(Run.objects.order_by("id").values(*RunListSerializer.columns()))
+        page = RunListSerializer(with_tag_names(rows), many=True).data
+    assert JSONRenderer().render(page) == JSONRenderer().render(expected)
     assert [list(row) for row in page] == [list(generic.fields)] * len(runs)
     assert (page[1]["cloned_from"], page[1]["created_by"], page[1]["is_terminal"]) == (first.pk, None, True)
+    assert page[1]["tags"] == ["A", "alpha", "b", "Zed"]
+
+
+@pytest.mark.parametrize("zone", ["UTC", "Asia/Kolkata"])
+def test_a_run_shows_as_the_generic_serializer_would(clients, many_runs, cluster, zone):
+    from django.utils import timezone
+    from rest_framework.renderers import JSONRenderer
+
+    from api.serializers import RunSerializer
+    from experiments.models import Attempt
+
+    run = many_runs.order_by("id").first()
+    Run.objects.filter(pk=run.pk).update(note="why", state="RUNNING", started_at=timezone.now())
+    RunTag.objects.bulk_create(RunTag(run=run, name=name) for name in ("b", "A"))
+    for number in (2, 1):
+        Attempt.objects.create(run=run, number=number, cluster=cluster, device_count=2,
+                               ray_submission_id=Attempt.submission_id(run.pk, number),
+                               ended_at=timezone.now() if number == 1 else None,
+                               exit_code=1 if number == 1 else None, exit_message="oom")
+    with timezone.override(zone):
+        body = clients["owner"].get(f"/api/v1/runs/{run.pk}/").content
+        run = (Run.objects.select_related("experiment", "created_by", "cluster")
+               .prefetch_related("tags", "attempts__cluster").get(pk=run.pk))
+        expected = JSONRenderer().render(RunSerializer(run).data)
+    assert body == expected
+    assert [a["number"] for a in RunSerializer(run).data["attempts"]] == [1, 2]
+
+
+def test_the_list_selects_only_the_columns_it_shows():
+    from api.serializers import RunListSerializer
+
+    columns = RunListSerializer.columns()
+    assert {"spec", "note", "idempotency_key", "created_by", "cluster", "attempts",
+            "tags"}.isdisjoint(columns)
+    assert {"created_by__username", "cluster__name", "experiment__project_id"} <= set(columns)
 
 
 def test_a_run_asked_for_with_a_filter_still_has_to_match_it(clients, many_runs):
