@@ -25,6 +25,7 @@ from accounts.queries import visible_projects
 from accounts.throttling import InviteThrottle, TokenCreateThrottle
 from api import run_data
 from api import serializers as s
+from api.conditional import conditional
 from api.filters import ExperimentFilter, NodeFilter
 from api.pagination import RunCursorPagination
 from api.permissions import IsStaffOrReadOnly, ProjectRole
@@ -47,6 +48,8 @@ ERRORS = {
 TRACKING_ERRORS = {**ERRORS, 503: OpenApiResponse(s.ErrorSerializer,
                                                    description="MLflow cannot be reached.")}
 
+# What pipelines and open pages poll: answered with an ETag, and 304 to a matching If-None-Match.
+CONDITIONAL_ACTIONS = frozenset({"list", "retrieve", "metrics"})
 # The run views that read rows (`QuerySet.values`) rather than runs, and what they serialize.
 ROW_SERIALIZERS = {"list": s.RunListSerializer, "retrieve": s.RunRowSerializer}
 
@@ -321,6 +324,12 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
             return visible_runs(self.request.user).values(*ROW_SERIALIZERS[self.action].columns())
         return (visible_runs(self.request.user)
                 .select_related("experiment", "created_by", "cluster").prefetch_related("tags"))
+
+    def finalize_response(self, request, response, *args, **kwargs):
+        response = super().finalize_response(request, response, *args, **kwargs)
+        if self.action in CONDITIONAL_ACTIONS:
+            return conditional(request, response)
+        return response
 
     def list(self, request, *args, **kwargs):
         page = with_tag_names(self.paginate_queryset(self.filter_queryset(self.get_queryset())))
