@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/api_load.py [--runs 10000] [--clients 20] [--duration 10] \
         [--warmup 2] [--workers 2] [--threads 8] [--servers gthread,uvicorn] \
-        [--cases list,detail,big] [--big-clients 5] [--processes 4] [--streams 20]
+        [--cases list,detail,big,poll] [--big-clients 5] [--processes 4] [--streams 20]
 
 It creates a throwaway PostgreSQL database (a new database on the server of DATABASE_URL when
 that is set, else a throwaway server from scripts/testenv.py), migrates it, seeds N runs in bulk
@@ -14,6 +14,8 @@ keep-alive clients (http.client, threads spread over a few processes) for a fixe
   list    GET /api/v1/runs/                  (default page size, 50), --clients clients
   detail  GET /api/v1/runs/<id>/             (ids rotate over the visible runs), --clients clients
   big     GET /api/v1/runs/?page_size=500    --big-clients clients
+  poll    GET /api/v1/runs/<id>/ with the If-None-Match of its ETag (a 304 each; the first 100
+          ids), --clients clients: what a pipeline polling a run that has not changed costs
 
 and prints req/s, p50/p90/p99 latency and errors for each, the CPU time gunicorn's processes
 spent per request (PostgreSQL's not counted: the steadiest figure on a busy machine) and the
@@ -192,15 +194,19 @@ def stop_server(proc) -> None:
 # --- clients --------------------------------------------------------------------------------
 
 def client_thread(port, token, paths, start, warm_until, stop_at, out):
+    """Asks for `paths` in turn; a (path, etag) entry is asked for with If-None-Match: etag,
+    and answers 304."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
     lat, errors, i = [], 0, start
     while (t0 := time.perf_counter()) < stop_at:
+        path, etag = entry if isinstance(entry := paths[i % len(paths)], tuple) else (entry, None)
         try:
-            conn.request("GET", paths[i % len(paths)], headers=headers)
+            conn.request("GET", path, headers=headers if etag is None
+                         else {**headers, "If-None-Match": etag})
             resp = conn.getresponse()
             resp.read()
-            ok = resp.status == 200
+            ok = resp.status == (200 if etag is None else 304)
         except (OSError, http.client.HTTPException):
             conn.close()
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
@@ -318,13 +324,30 @@ def pct(values: list[float], q: int) -> float:
 
 # --- main -----------------------------------------------------------------------------------
 
-def cases(args, ids) -> list[tuple[str, list[str], int]]:
+def cases(args, ids) -> list[tuple[str, list, int]]:
     table = {
         "list": (["/api/v1/runs/"], args.clients),
         "detail": ([f"/api/v1/runs/{i}/" for i in ids], args.clients),
         "big": (["/api/v1/runs/?page_size=500"], args.big_clients),
+        "poll": ([(f"/api/v1/runs/{i}/", None) for i in ids[:100]], args.clients),
     }
     return [(name, *table[name]) for name in args.cases.split(",")]
+
+
+def with_etags(port: int, token: str, paths: list) -> list:
+    """(path, its current ETag) for each (path, None) entry of `paths`; others as they are."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    found = []
+    for entry in paths:
+        if isinstance(entry, tuple):
+            conn.request("GET", entry[0], headers={"Authorization": f"Bearer {token}",
+                                                   "Accept": "application/json"})
+            resp = conn.getresponse()
+            resp.read()
+            entry = (entry[0], resp.getheader("ETag"))
+        found.append(entry)
+    conn.close()
+    return found
 
 
 def report(kind, name, clients, result, load, probes=None) -> None:
@@ -376,6 +399,7 @@ def main() -> None:
                           f"{args.streams - taken} refused (statuses {sorted(set(streams.statuses))})",
                           flush=True)
                 for name, paths, clients in cases(args, seeded["ids"]):
+                    paths = with_etags(args.port, seeded["token"], paths)
                     before = os.getloadavg()[0]
                     if streams:
                         streams.take_probes()
