@@ -30,6 +30,7 @@ from rl_core import memory_plan as plans
 from rl_core.errors import InputError
 from rl_core.memory_plan import DEFAULT_DEVICE_MODEL, GIB, PHASES, MemoryPlan, device_memory_of
 from rl_core.models.presets import WARM_BASES
+from rl_core.models.registry import parse_registry_uri
 from rl_core.paths import (
     POLICY_ENV,
     PathPolicy,
@@ -43,7 +44,7 @@ from rl_core.spec import RunSpec, model_violations
 
 __all__ = [
     "DEFAULT_DEVICE_MODEL", "GIB", "PHASES", "POLICY_ENV", "Admission", "Facts", "MemoryPlan",
-    "MemoryVerdict", "PathPolicy", "admit", "built_in_models", "check_paths",
+    "MemoryVerdict", "PathPolicy", "admit", "built_in_models", "check_paths", "parse_registry_uri",
     "device_memory_of", "launched", "memory_verdict", "normalize_root", "root_problem",
 ]
 

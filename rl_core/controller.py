@@ -45,6 +45,7 @@ from rl_core.data.run_data import load_prompt_data
 from rl_core.determinism import process_report, record_determinism, seed_everything
 from rl_core.engines.balance import balanced_shares
 from rl_core.errors import InputError, StaleWeightsError, TrainingStopped
+from rl_core.lineage import record_lineage
 from rl_core.rollout import with_resolved_engine
 from rl_core.rollout.ahead import BUSY_COLUMN
 from rl_core.rollout.sampling import SamplingParams
@@ -312,6 +313,7 @@ class Controller:
                         unit="step", disable=not sys.stderr.isatty(), leave=True)
         try:
             self.tracker.log_params(spec.flat_params())
+            record_lineage(spec, self.output_dir, self.tracker)
             self.record_determinism()
             if self.step == 0 and validate is not None and spec.trainer.eval_every:
                 last = validate()

@@ -25,6 +25,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rl_core.models.registry import is_registry_uri
+
 KINDS = ("model", "data", "output")
 POLICY_ENV = "ASCENT_PATH_POLICY"
 
@@ -169,8 +171,8 @@ def path_problem(name: str, kind: str, path: str, policy: PathPolicy, *,
                  resolve: bool = False) -> str | None:
     """Why `path` (of field `name`, a `kind` path) is outside the policy, or None."""
     roots = policy.roots(kind)
-    if kind == "model" and _is_tiny_preset(path):
-        return None
+    if kind == "model" and (_is_tiny_preset(path) or is_registry_uri(path)):
+        return None  # a registered version is fetched from the registry: no root applies
     where = f"the {kind} roots of cluster {policy.cluster} ({', '.join(roots)})"
     if not os.path.isabs(path):  # refused with or without roots
         under = f"under {where}" if roots else "on the cluster"

@@ -2,6 +2,7 @@
 
 Periodic (beat): schedule_runs, watch_runs, reconcile_runs, probe_clusters, purge_audit_log,
 deliver_notifications, find_stalled_runs. On demand: the API queues schedule_runs after a submit,
+register_model_version after a model version is asked for,
 stop_run after a cancel, sync_run_notes after a change of a run's tags or note and
 deliver_notifications after an event worth telling, by name
 (`ascent.celery.send`), so the web process imports none of this.
@@ -98,3 +99,10 @@ def find_stalled_runs() -> int:
     from notifications import services
 
     return services.find_stalls()
+
+
+@app.task(name="workers.tasks.register_model_version", acks_late=True)
+def register_model_version(version_id: int) -> str:
+    from registry import services
+
+    return services.export_and_register(version_id)

@@ -31,6 +31,7 @@ from experiments.tracking import (
 from experiments.validation import (MAX_TAGS, NOTE_MAX_CHARS, TAG_MAX_CHARS, RunNotesInput,
                                     split_tags)
 from frontend.views.common import can_write_run, is_htmx, ordered_spec, run_or_404, visible_runs
+from registry import services as registry
 from rl_core.spec import PRESETS, SpecError
 
 # A sample's picture (a vision-language run's samples: `rl_core.recipes.rl`), and the most the
@@ -153,7 +154,8 @@ def run_list(request):
     runs = visible_runs(request.user).defer("spec")  # a table shows no spec
     runs = RunFilter(run_filter_data(params, states), queryset=runs).qs
     sort = params.get("sort", "") if is_order(params.get("sort", "")) else DEFAULT_ORDER
-    page = Paginator(order_runs(runs.prefetch_related("tags"), sort), 50).get_page(params.get("page"))
+    runs = runs.prefetch_related("tags", registry.versions_prefetch())
+    page = Paginator(order_runs(runs, sort), 50).get_page(params.get("page"))
     visible = visible_runs(request.user)
     context = {
         "page": page, "sort": sort, "sorts": list(RUN_ORDERS), "query": params.get("q", "").strip(),
@@ -187,6 +189,16 @@ def _detail_context(request, run) -> dict:
     }
 
 
+def starting_model(user, run) -> dict | None:
+    """The registered model the run's spec starts from (`models:/...`), with its page."""
+    uri = registry.started_from(run)
+    if not uri:
+        return None
+    name = uri.removeprefix("models:/").split("/")[0].split("@")[0]
+    model = registry.visible_models(user).filter(name=name).first()
+    return {"uri": uri, "model": model}
+
+
 def _run_page(request, run, status: int = 200, **extra):
     context = _detail_context(request, run)
     context.update({
@@ -194,6 +206,7 @@ def _run_page(request, run, status: int = 200, **extra):
         "charts": charts_for(run), "resource_charts": RESOURCE_CHARTS,
         "clones": visible_runs(request.user).filter(cloned_from=run).order_by("created_at"),
         "about": about(run), "zero_reward_steps": ZERO_REWARD_STEPS,
+        "started_from": starting_model(request.user, run),
         "notes_form": {"tags": ", ".join(run.tag_names), "note": run.note},
         "tag_limits": {"chars": TAG_MAX_CHARS, "count": MAX_TAGS, "note": NOTE_MAX_CHARS},
         **extra,
@@ -263,6 +276,9 @@ def run_checkpoints(request, pk: int):
     context["checkpoints"] = sorted((r for r in rows if r["step"] is not None),
                                     key=lambda r: r["step"], reverse=True)
     context["mlflow_url"] = rows[0]["url"] if rows else ""
+    context["can_register"] = can_write_run(request.user, run)
+    context["model_versions"] = run.model_versions.select_related("model").order_by("id")
+    context["model_names"] = run.experiment.project.models.values_list("name", flat=True)
     return render(request, "frontend/_run_checkpoints.html", context)
 
 

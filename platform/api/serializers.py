@@ -286,6 +286,15 @@ class RunEventSerializer(serializers.ModelSerializer):
         fields = ["id", "from_state", "to_state", "created_at", "actor", "message"]
 
 
+class RunModelVersionSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    model = serializers.IntegerField(source="model_id")
+    name = serializers.CharField(source="model.name")
+    version = serializers.IntegerField(allow_null=True)
+    step = serializers.IntegerField()
+    state = serializers.CharField()
+
+
 class RunSerializer(serializers.ModelSerializer):
     project = serializers.IntegerField(source="experiment.project_id", read_only=True)
     created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
@@ -299,6 +308,9 @@ class RunSerializer(serializers.ModelSerializer):
         help_text="Why a queued run waits, in one word (quota, share, capacity, limit, "
                   "cluster); empty when it does not wait. `waiting_reason` says it in full.")
 
+    model_versions = serializers.SerializerMethodField(
+        help_text="The model versions registered from this run's checkpoints.")
+
     class Meta:
         model = Run
         fields = ["id", "name", "project", "experiment", "algorithm", "state", "is_terminal",
@@ -306,8 +318,14 @@ class RunSerializer(serializers.ModelSerializer):
                   "preemptible",
                   "created_by", "cloned_from", "resume_from", "created_at", "updated_at", "started_at",
                   "finished_at", "progress_step", "progress_at", "planned_steps", "mlflow_run_id",
-                  "error", "waiting_reason", "waiting_cause", "tags", "note", "attempts", "spec"]
+                  "error", "waiting_reason", "waiting_cause", "tags", "note", "attempts", "spec",
+                  "model_versions"]
         read_only_fields = fields
+
+    @extend_schema_field(RunModelVersionSerializer(many=True))
+    def get_model_versions(self, obj):
+        return RunModelVersionSerializer(
+            obj.model_versions.select_related("model").order_by("id"), many=True).data
 
 
 class RunNotesSerializer(StrictInputMixin, RunNotesInput):
@@ -315,7 +333,7 @@ class RunNotesSerializer(StrictInputMixin, RunNotesInput):
 
 
 # What a page of runs leaves out: the large fields (see each run for them).
-LEFT_OUT_OF_LISTS = ("spec", "attempts", "note")
+LEFT_OUT_OF_LISTS = ("spec", "attempts", "note", "model_versions")
 
 
 class FromRows:

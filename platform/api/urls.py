@@ -5,6 +5,7 @@ from rest_framework.routers import DefaultRouter
 
 from api import views
 from api.audit import AuditEntryViewSet
+from api.registry import ModelViewSet, VersionViewSet
 from experiments.queries import ID_PATTERN
 
 
@@ -27,6 +28,8 @@ router.register("runs", views.RunViewSet, basename="run")
 router.register("tokens", views.TokenViewSet, basename="token")
 router.register("invitations", views.InvitationViewSet, basename="invitation")
 router.register("audit", AuditEntryViewSet, basename="audit")
+router.register("models", ModelViewSet, basename="model")
+router.register("model-versions", VersionViewSet, basename="model-version")
 
 urlpatterns = [
     path("spec/schema/", views.SpecSchemaView.as_view(), name="spec-schema"),

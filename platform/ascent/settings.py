@@ -46,6 +46,7 @@ INSTALLED_APPS = [
     "axes",
     "audit",
     "notifications",
+    "registry",
 ]
 
 MIDDLEWARE = [
@@ -185,6 +186,9 @@ ASCENT_PREEMPTION = env_bool("ASCENT_PREEMPTION", True)
 # How long a stopped job (a cancel or a preemption) has to save its step before it is killed
 # (Ray's RAY_JOB_STOP_WAIT_TIME_S for every job).
 ASCENT_STOP_GRACE_S = env_int("ASCENT_STOP_GRACE_S", 300, minimum=1)
+# The model registry (registry/services.py): how long the worker's export of one checkpoint to a
+# Hugging Face folder may take (`python -m rl_core export`), in ASCENT_RUNS_DIR's disk space.
+ASCENT_EXPORT_TIMEOUT_S = env_int("ASCENT_EXPORT_TIMEOUT_S", 6 * 3600, minimum=60)
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
@@ -327,6 +331,7 @@ SPECTACULAR_SETTINGS = {
         "RunStateEnum": "experiments.choices.RunState",
         "ProjectRoleEnum": "accounts.choices.Role",
         "DeviceKindEnum": "clusters.choices.DeviceKind",
+        "ModelVersionStateEnum": "registry.models.VersionState",
     },
 }
 

@@ -6,10 +6,12 @@ from accounts import models as accounts
 from accounts.models import ApiToken, Membership, Project
 from clusters.models import Cluster, Node
 from experiments.models import Experiment, Run
+from registry.models import ModelVersion, RegisteredModel
 
 Invitation = getattr(accounts, "Invitation", None)
 MODELS = {"run": Run, "experiment": Experiment, "project": Project, "member": Membership,
-          "invitation": Invitation, "token": ApiToken, "cluster": Cluster, "node": Node}
+          "invitation": Invitation, "token": ApiToken, "cluster": Cluster, "node": Node,
+          "model": RegisteredModel, "model_version": ModelVersion}
 
 
 def describe(object_type: str, object_id, kwargs: dict) -> tuple[str, int | None] | None:
@@ -63,5 +65,17 @@ def _node(pk, kwargs):
     return None if node is None else (str(node), None)
 
 
+def _model(pk, kwargs):
+    model = RegisteredModel.objects.filter(pk=int(pk)).first()
+    return None if model is None else (f"model {model.name}", model.project_id)
+
+
+def _model_version(pk, kwargs):
+    version = ModelVersion.objects.select_related("model").filter(pk=int(pk)).first()
+    return None if version is None else (f"{version} from run {version.run_id}",
+                                         version.model.project_id)
+
+
 _DESCRIBERS = {"run": _run, "experiment": _experiment, "project": _project, "member": _member,
-               "invitation": _invitation, "token": _token, "cluster": _cluster, "node": _node}
+               "invitation": _invitation, "token": _token, "cluster": _cluster, "node": _node,
+               "model": _model, "model_version": _model_version}

@@ -44,7 +44,7 @@ class Tracking:
             "MLFLOW_HTTP_REQUEST_MAX_RETRIES": str(max_retries),
             "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
         }
-        self._client = MlflowClient(tracking_uri=self.uri)
+        self._client = MlflowClient(tracking_uri=self.uri, registry_uri=self.uri)
 
     def ensure_experiment(self, name: str, tags: Mapping[str, str] | None = None) -> str:
         """The id of the experiment with this name, created (or restored, if deleted) when
@@ -139,6 +139,50 @@ class Tracking:
             local = self.download(run_id, path, folder)
             with open(local, "rb") as f:
                 return f.read(max_bytes + 1)[:max_bytes]
+
+    def log_folder(self, run_id: str, folder: str | os.PathLike, path: str) -> None:
+        """Upload the local `folder` as the run's artifact folder `path`."""
+        with self._errors(f"store artifact {path!r} of run {run_id}"):
+            self._client.log_artifacts(run_id, str(folder), path)
+
+    def register_version(self, name: str, source: str, run_id: str, *, description: str = "",
+                         tags: Mapping[str, str] | None = None,
+                         aliases: Sequence[str] = (), model_description: str = "") -> int:
+        """A new version of the registered model `name` (made when new) from `source`
+        (`runs:/<run id>/<folder>`), with its description, tags and aliases; its number."""
+        with self._errors(f"register a version of model {name!r}"):
+            try:
+                self._client.get_registered_model(name)
+            except MlflowException as exc:
+                if exc.error_code != "RESOURCE_DOES_NOT_EXIST":
+                    raise
+                self._client.create_registered_model(name, description=model_description or None)
+            version = self._client.create_model_version(
+                name, source, run_id=run_id, tags=dict(tags or {}), description=description or None)
+            for alias in aliases:
+                self._client.set_registered_model_alias(name, alias, version.version)
+            return int(version.version)
+
+    def update_version(self, name: str, version: int, *, description: str | None = None,
+                       tags: Mapping[str, str] | None = None, removed_tags: Sequence[str] = (),
+                       aliases: Sequence[str] | None = None, removed_aliases: Sequence[str] = ()
+                       ) -> None:
+        """Change a registered version's description, tags (set and removed) and aliases."""
+        with self._errors(f"update version {version} of model {name!r}"):
+            if description is not None:
+                self._client.update_model_version(name, str(version), description=description)
+            for key, value in (tags or {}).items():
+                self._client.set_model_version_tag(name, str(version), key, value)
+            for key in removed_tags:
+                self._client.delete_model_version_tag(name, str(version), key)
+            for alias in removed_aliases:
+                self._client.delete_registered_model_alias(name, alias)
+            for alias in aliases or ():
+                self._client.set_registered_model_alias(name, alias, str(version))
+
+    def update_model(self, name: str, description: str) -> None:
+        with self._errors(f"update model {name!r}"):
+            self._client.update_registered_model(name, description=description)
 
     def run_url(self, run_id: str) -> str:
         """The run's page in the MLflow UI."""

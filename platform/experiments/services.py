@@ -39,6 +39,9 @@ from rl_core.spec import RunSpec, SpecError, resolve_spec
 
 # How often `transition` re-reads a run whose state changed under it before giving up.
 _TRANSITION_TRIES = 3
+# Checks of a submitted spec that other apps add in their AppConfig.ready() (the model registry:
+# `models:/` paths), each called as check(spec, project, user) and raising SpecError.
+SPEC_CHECKS: list = []
 
 
 class IllegalTransition(DomainError):
@@ -229,6 +232,8 @@ def submit_run(experiment: Experiment, user, submission: Submission) -> tuple[Ru
     if prepared.memory.does_not_fit and not submission.ignore_memory_plan:
         raise MemoryRefusal(prepared.memory)
     spec = prepared.spec
+    for check in SPEC_CHECKS:
+        check(spec, experiment.project, user)
     request = spec.device_request()
     try:
         with transaction.atomic():

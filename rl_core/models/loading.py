@@ -108,7 +108,7 @@ def resolve_model_path(path: str | Path) -> Path:
         raise ModelLoadError(
             f"{path}: a warm start, made on first use by the training commands (python -m "
             "rl_core train / sft / eval, which put its folder in the spec before any model "
-            "loads: rl_core.recipes.warm.with_warm_start); load that folder instead")
+            "loads: rl_core.recipes.warm.with_model_folders); load that folder instead")
     if size is not None:
         return resolve_tiny(size)
     return Path(path).expanduser().absolute()

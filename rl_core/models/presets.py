@@ -25,7 +25,9 @@ headroom for longer numbers and harder tasks.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -190,3 +192,16 @@ def get_size(size: str | TinySize) -> TinySize:
         raise ValueError(
             f"unknown tiny model size {size!r}; choose one of {', '.join(TINY_SIZES)}"
         ) from None
+
+
+CACHE_ENV = "ASCENT_CACHE_DIR"
+
+
+def cache_root() -> Path:
+    """Where built and downloaded models live: `$ASCENT_CACHE_DIR`, else
+    `$XDG_CACHE_HOME/ascent`, else `~/.cache/ascent` (tiny models under `tiny/`, registered
+    versions under `models/`)."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base).expanduser() / "ascent"

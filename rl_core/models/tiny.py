@@ -35,7 +35,7 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
-from rl_core.models.presets import TINY_VISION, TinySize, get_size
+from rl_core.models.presets import TINY_VISION, TinySize, cache_root, get_size
 from rl_core.models.tokenizer import (
     CHAT_TEMPLATE,
     EOS_TOKEN,
@@ -48,7 +48,6 @@ from rl_core.models.tokenizer import (
 # Bump when the folder layout, tokenizer or initialisation changes: cached builds then rebuild.
 TINY_FORMAT = 1
 ROPE_THETA = 10000.0
-CACHE_ENV = "ASCENT_CACHE_DIR"
 
 
 def tiny_config(size: str | TinySize = "small",
@@ -226,10 +225,7 @@ def _no_progress_bars() -> Iterator[None]:
 def tiny_cache_root() -> Path:
     """Where `tiny:<size>` builds live: `$ASCENT_CACHE_DIR/tiny`, else
     `$XDG_CACHE_HOME/ascent/tiny`, else `~/.cache/ascent/tiny`."""
-    if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV]).expanduser() / "tiny"
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base).expanduser() / "ascent" / "tiny"
+    return cache_root() / "tiny"
 
 
 def tiny_cache_key(size: str, seed: int = 0) -> str:

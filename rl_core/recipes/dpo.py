@@ -33,7 +33,7 @@ from rl_core.data.batch import Batch
 from rl_core.data.prompts import Pairs, Prompts, response_batch, tokenize_pairs
 from rl_core.data.run_data import load_pair_data
 from rl_core.errors import InputError
-from rl_core.recipes.warm import with_warm_start
+from rl_core.recipes.warm import with_model_folders
 from rl_core.spec import RunSpec
 from rl_core.tracking import Timer, Tracker
 
@@ -93,7 +93,7 @@ class DPOTrainer:
         if spec.algorithm != "dpo":
             raise InputError(f"algorithm: {spec.algorithm} is not trained by the DPO recipe; "
                              "use dpo (grpo, dapo, ppo: rl_core.recipes.rl)")
-        spec = with_warm_start(spec)  # tiny:small-addition: its folder, made on first use
+        spec = with_model_folders(spec)  # tiny:small-addition, models:/x/3: local folders
         self.ctl = Controller(spec, backend=backend, device=device)
         self.spec = spec = self.ctl.spec  # with rollout.engine auto made concrete
         self.tokenizer = self.ctl.tokenizer

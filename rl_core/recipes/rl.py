@@ -39,7 +39,7 @@ from rl_core.data.batch import IMAGE_COLUMNS, Batch
 from rl_core.data.partial import PartialRollouts
 from rl_core.errors import InputError, TrainingStopped
 from rl_core.precision import update_data
-from rl_core.recipes.warm import with_warm_start
+from rl_core.recipes.warm import with_model_folders
 from rl_core.rollout.ahead import RolloutsAhead
 from rl_core.roles.group import collect
 from rl_core.spec import RunSpec
@@ -84,7 +84,7 @@ class RLTrainer:
         if spec.algorithm not in ALGORITHMS:
             raise InputError(f"algorithm: {spec.algorithm} is not trained by the RL recipe; "
                              "use grpo, dapo or ppo (dpo: rl_core.recipes.dpo)")
-        spec = with_warm_start(spec)  # tiny:small-addition: its folder, made on first use
+        spec = with_model_folders(spec)  # tiny:small-addition, models:/x/3: local folders
         self.ctl = Controller(spec, backend=backend, device=device)
         self.spec = spec = self.ctl.spec  # with rollout.engine auto made concrete
         self.tokenizer = self.ctl.tokenizer

@@ -27,8 +27,10 @@ from rl_core.determinism import process_report, record_determinism, seed_everyth
 from rl_core.engines import training_engine
 from rl_core.errors import InputError, NonFiniteError, TrainingStopped
 from rl_core.evaluation import evaluate_prompts
+from rl_core.lineage import record_lineage
 from rl_core.models.loading import (copy_processor_files, is_vision_language, load_from_spec,
                                     load_image_processor)
+from rl_core.models.registry import with_registered_models
 from rl_core.precision import PrecisionPlan, StageDumper, update_data
 from rl_core.profiling import ProfilePlan, StageProfiler
 from rl_core.rewards import RewardComposer
@@ -47,6 +49,7 @@ class SFTTrainer:
                              "model it trains; set rollout.engine: native or auto (not 'vllm') "
                              "for python -m rl_core sft")
         spec = with_engine(spec, "native")  # auto too: SFT never generates with vLLM
+        spec = with_registered_models(spec)  # models:/x/3: its local folder
         self.spec, self.device = spec, device
         self.output_dir = Path(spec.trainer.output_dir)
         seed_everything(spec.seed, spec.trainer.deterministic)
@@ -101,6 +104,7 @@ class SFTTrainer:
         status = "FAILED"
         try:
             self.tracker.log_params(self.spec.flat_params())
+            record_lineage(self.spec, self.output_dir, self.tracker)
             record_determinism(self.spec, [process_report("sft", 0, self.device)],
                                self.output_dir, self.tracker)
             while self.step < self.total_steps:

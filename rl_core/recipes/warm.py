@@ -9,7 +9,7 @@ once it rises, climbs some 20 points in 50 steps. Stopped at 40 %, five seed and
 combinations on a CPU landed at 40-48 % after 380-490 steps.
 
     folder = resolve_warm("small-addition")   # SFT on first use (about a minute), then cached
-    spec = with_warm_start(spec)              # model.path: tiny:small-addition -> that folder
+    spec = with_model_folders(spec)           # model.path: tiny:small-addition -> that folder
 
 The folder is a plain Hugging Face folder (the SFT's last checkpoint without its optimizer
 state) with `warm.json` recording the recipe and the validation accuracy it reached. Several
@@ -19,18 +19,16 @@ lock and the others wait for it, then find the folder.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import json
 import logging
 import shutil
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from rl_core.models.presets import WARM_BASES, parse_tiny_path
+from rl_core.models.registry import MODEL_FIELDS, file_lock, with_registered_models
 from rl_core.models.tiny import tiny_cache_key, tiny_cache_root
 from rl_core.spec import RunSpec
 
@@ -88,18 +86,21 @@ def warm_cache_key(name: str) -> str:
     return f"{name}-{digest}"
 
 
-def with_warm_start(spec: RunSpec) -> RunSpec:
-    """`spec` with a warm start's folder (built on first use) in place of its name in
-    `model.path` (and `critic.model_path`); the same spec when it names none. Every node of a
-    run reads the folder from the cache: on several nodes, ASCENT_CACHE_DIR is shared storage,
-    as model folders are."""
+def with_model_folders(spec: RunSpec) -> RunSpec:
+    """`spec` with local folders in place of a warm start's name (built on first use) and of a
+    registered model version (`models:/name/3`, downloaded on first use:
+    rl_core.models.registry.with_registered_models) in `model.path`, `model.tokenizer_path` and
+    `critic.model_path`; the same spec when it names neither. Every node of a run reads the
+    folder from the cache: on several nodes, ASCENT_CACHE_DIR is shared storage, as model
+    folders are."""
+    spec = with_registered_models(spec)
     changes: dict[str, Any] = {}
-    for section, field in (("model", "path"), ("critic", "model_path")):
+    for section, field in MODEL_FIELDS:
         value = getattr(getattr(spec, section), field)
         name = parse_tiny_path(value) if isinstance(value, str) else None
         if name in WARM_BASES:
-            changes[section] = getattr(spec, section).model_copy(
-                update={field: str(resolve_warm(name))})
+            current = changes.get(section, getattr(spec, section))
+            changes[section] = current.model_copy(update={field: str(resolve_warm(name))})
     return spec.model_copy(update=changes) if changes else spec
 
 
@@ -108,7 +109,7 @@ def resolve_warm(name: str) -> Path:
     folder = tiny_cache_root() / warm_cache_key(name)
     if (folder / "warm.json").is_file():
         return folder
-    with _lock(folder.with_name(f".{folder.name}.lock")):
+    with file_lock(folder.with_name(f".{folder.name}.lock")):
         if not (folder / "warm.json").is_file():  # another process may have built it meanwhile
             _build(name, folder)
     return folder
@@ -149,14 +150,3 @@ def _build(name: str, folder: Path) -> None:
                  "unknown" if accuracy is None else f"{accuracy:.0%}", steps)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def _lock(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)

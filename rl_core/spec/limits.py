@@ -164,15 +164,19 @@ JsonMapping = Annotated[dict[str, JsonValue], BeforeValidator(_bounded_json)]
 
 
 def _known_tiny(value: str | None) -> str | None:
-    """A `tiny:` name must be a built-in preset (the path policy lets only those through)."""
+    """A `tiny:` name must be a built-in preset (the path policy lets only those through); a
+    `models:/` path must name a registered version by number or alias."""
     if value is not None:
         from rl_core.models.presets import parse_tiny_path  # torch-free
+        from rl_core.models.registry import parse_registry_uri  # torch-free
 
         parse_tiny_path(value)  # ValueError naming the presets
+        parse_registry_uri(value)  # ValueError naming the two forms
     return value
 
 
-# A model folder, or the name of a built-in tiny model (`tiny:small`).
+# A model folder, the name of a built-in tiny model (`tiny:small`) or a registered model version
+# (`models:/adder/3`, `models:/adder@champion`).
 ModelLocation = Annotated[str, AfterValidator(_known_tiny)]
 
 

@@ -43,9 +43,13 @@ def seeded(project, experiment, cluster, users, tiny_spec):
 
     hook = Webhook.objects.create(project=project, name="seeded", url="https://hooks.example.com/",
                                   events=["run.failed"])
+    from registry.models import ModelVersion, RegisteredModel
+
+    model = RegisteredModel.objects.create(project=project, name="seeded")
+    version = ModelVersion.objects.create(model=model, run=run, step=1)
     return {"clusters": cluster.pk, "nodes": cluster.nodes.get().pk, "projects": project.pk,
             "experiments": experiment.pk, "runs": run.pk, "tokens": token.pk,
-            "webhook_id": hook.pk}
+            "webhook_id": hook.pk, "models": model.pk, "model-versions": version.pk}
 
 
 def url(path: str, seeded: dict, id_value=None) -> str:

@@ -12,7 +12,7 @@ from learning import rose, validation_gain
 from test_trainer import read_metrics, tiny_spec
 
 from rl_core.recipes.rl import RLTrainer
-from rl_core.recipes.warm import with_warm_start
+from rl_core.recipes.warm import with_model_folders
 from rl_core.spec import resolve_spec
 from rl_core.tracking import stable_metrics
 
@@ -35,7 +35,7 @@ def test_grpo_on_the_moe_warm_start_raises_validation_accuracy(tmp_path, tiny_ca
         "trainer": {"total_steps": 20, "eval_every": 20, "save_every": 0, "logger": [],
                     "output_dir": str(out)},
     }
-    RLTrainer(with_warm_start(resolve_spec(spec))).fit()
+    RLTrainer(with_model_folders(resolve_spec(spec))).fit()
     before, after = validation_gain(out)
     assert 0.2 < before < 0.7, f"the warm start should be right part of the time, got {before}"
     assert rose(before, after), f"validation accuracy did not rise: {before} -> {after}"

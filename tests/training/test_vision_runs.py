@@ -14,7 +14,7 @@ from test_trainer import read_metrics
 
 from rl_core.data.datasets import DataError, write_rows
 from rl_core.recipes.rl import RLTrainer
-from rl_core.recipes.warm import with_warm_start
+from rl_core.recipes.warm import with_model_folders
 from rl_core.spec import resolve_spec
 
 
@@ -42,7 +42,7 @@ def test_grpo_on_the_counting_warm_start_raises_validation_accuracy(tmp_path, ti
     out = tmp_path / "vl"
     spec = counting_spec(out, 20)
     spec["actor"]["use_remove_padding"] = True  # the rows with their pictures packed
-    RLTrainer(with_warm_start(resolve_spec(spec))).fit()
+    RLTrainer(with_model_folders(resolve_spec(spec))).fit()
     before, after = validation_gain(out)
     assert 0.2 < before < 0.8, f"the warm start should be right part of the time, got {before}"
     assert rose(before, after), f"validation accuracy did not rise: {before} -> {after}"

@@ -22,7 +22,7 @@ from rl_core.recipes.warm import (
     STOP_AT,
     resolve_warm,
     warm_cache_key,
-    with_warm_start,
+    with_model_folders,
 )
 from rl_core.spec import resolve_spec
 
@@ -80,8 +80,8 @@ def test_the_warm_start_is_built_once_and_records_its_recipe_and_accuracy(tmp_pa
     assert resolve_warm("small-addition") == folder  # cached: no second build
     # the recipes put the folder in the spec; loading the name itself says where it comes from
     spec = resolve_spec({"model": {"path": "tiny:small-addition"}, "data": {"synthetic": {}}})
-    assert with_warm_start(spec).model.path == str(folder)
-    assert with_warm_start(spec).data == spec.data and spec.model.path == "tiny:small-addition"
+    assert with_model_folders(spec).model.path == str(folder)
+    assert with_model_folders(spec).data == spec.data and spec.model.path == "tiny:small-addition"
     with pytest.raises(ModelLoadError, match="a warm start, made on first use by the training"):
         resolve_model_path("tiny:small-addition")
 

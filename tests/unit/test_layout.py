@@ -146,10 +146,12 @@ SPEC_MODULES = sorted(m for m in MODULES if m == "rl_core.spec" or m.startswith(
 
 
 @pytest.mark.parametrize("module", [*SPEC_MODULES, "rl_core.errors", "rl_core.paths",
-                                    "rl_core.models.presets"])
+                                    "rl_core.models.presets", "rl_core.models.registry"])
 def test_what_the_web_process_imports_stays_free_of_torch(module):
-    # rl_core.models.presets (the tiny models' names and shapes) imports only dataclasses.
-    light = ("rl_core", "rl_core.errors", *SPEC_MODULES, "rl_core.models.presets")
+    # rl_core.models.presets (the tiny models' names and shapes) imports only dataclasses;
+    # rl_core.models.registry parses `models:/` paths with the standard library.
+    light = ("rl_core", "rl_core.errors", *SPEC_MODULES, "rl_core.models.presets",
+             "rl_core.models.registry")
     heavy = [target for target, _, _ in imports(module) if target not in light]
     assert not heavy, f"{module} imports {heavy}"
 
