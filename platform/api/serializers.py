@@ -384,10 +384,12 @@ class AttemptRowSerializer(FromRows, AttemptSerializer):
 
 
 class RunRowSerializer(FromRows, RunSerializer):
-    """RunSerializer's output (a run: GET runs/{id}/) from a row with its `tags` and its
-    `attempts` (AttemptRowSerializer's output) added."""
+    """RunSerializer's output (a run: GET runs/{id}/) from a row with its `tags`, its
+    `attempts` (AttemptRowSerializer's output) and its `model_versions`
+    (RunModelVersionSerializer's) added."""
 
-    computed = {**RUN_COMPUTED, "attempts": (None, operator.itemgetter("attempts"))}
+    computed = {**RUN_COMPUTED, "attempts": (None, operator.itemgetter("attempts")),
+                "model_versions": (None, operator.itemgetter("model_versions"))}
 
 
 # Fields whose value, as the database gives it, is already what ModelSerializer outputs.

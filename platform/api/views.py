@@ -37,6 +37,7 @@ from experiments.filters import RunFilter
 from experiments.models import Attempt, Experiment, Run
 from experiments.queries import ID_MAX, parse_id, visible_runs, with_tag_names
 from notifications import services as notification_services
+from registry.models import ModelVersion
 from rl_core.spec import PRESETS, spec_json_schema
 
 ERRORS = {
@@ -340,6 +341,9 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
         attempts = (Attempt.objects.filter(run_id=run["id"])
                     .values(*s.AttemptRowSerializer.columns()))
         run["attempts"] = s.AttemptRowSerializer(attempts, many=True).data
+        versions = ModelVersion.objects.filter(run_id=run["id"]).select_related("model")
+        run["model_versions"] = s.RunModelVersionSerializer(versions.order_by("id"),
+                                                            many=True).data
         return Response(s.RunRowSerializer(run).data)
 
     def filter_queryset(self, queryset):

@@ -137,6 +137,12 @@ def test_a_run_shows_as_the_generic_serializer_would(clients, many_runs, cluster
                                ray_submission_id=Attempt.submission_id(run.pk, number),
                                ended_at=timezone.now() if number == 1 else None,
                                exit_code=1 if number == 1 else None, exit_message="oom")
+    from registry.models import ModelVersion, RegisteredModel
+
+    model = RegisteredModel.objects.create(project=run.experiment.project, name="adder")
+    for step, number in ((4, 1), (8, None)):  # one registered, one being exported
+        ModelVersion.objects.create(model=model, run=run, step=step, version=number,
+                                    state="ready" if number else "pending")
     with timezone.override(zone):
         body = clients["owner"].get(f"/api/v1/runs/{run.pk}/").content
         run = (Run.objects.select_related("experiment", "created_by", "cluster")
@@ -144,6 +150,9 @@ def test_a_run_shows_as_the_generic_serializer_would(clients, many_runs, cluster
         expected = JSONRenderer().render(RunSerializer(run).data)
     assert body == expected
     assert [a["number"] for a in RunSerializer(run).data["attempts"]] == [1, 2]
+    assert [(v["name"], v["version"], v["state"]) for v in
+            RunSerializer(run).data["model_versions"]] == [("adder", 1, "ready"),
+                                                           ("adder", None, "pending")]
 
 
 def test_the_list_selects_only_the_columns_it_shows():
