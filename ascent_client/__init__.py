@@ -35,6 +35,8 @@ ENDPOINTS: dict[str, tuple[str, str]] = {
     "cancel": ("POST", "/api/v1/runs/{id}/cancel/"),
     "logs": ("GET", "/api/v1/runs/{id}/logs/"),
     "metrics": ("GET", "/api/v1/runs/{id}/metrics/"),
+    "register": ("POST", "/api/v1/model-versions/"),
+    "version": ("GET", "/api/v1/model-versions/{id}/"),
 }
 TERMINAL_STATES = ("SUCCEEDED", "FAILED", "CANCELLED")
 # What identifies a pipeline's job across its retries, by CI system: the variables that stay
@@ -204,6 +206,32 @@ class Client:
                 return run
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"run {run_id} is still {state} after {timeout:g} s")
+            time.sleep(poll)
+
+    def register(self, run_id: int, name: str, *, step: int | None = None,
+                 aliases: Sequence[str] = (), description: str = "") -> dict:
+        """Register the run's checkpoint at `step` (default: its latest) as a new version of
+        model `name`; the version, `pending` while the server exports it."""
+        body: dict[str, Any] = {"run": run_id, "name": name, "aliases": list(aliases),
+                                "description": description}
+        if step is not None:
+            body["step"] = step
+        return self.call("register", body=body)
+
+    def version(self, version_id: int) -> dict:
+        return self.call("version", id=version_id)
+
+    def wait_version(self, version_id: int, *, poll: float = 5.0,
+                     timeout: float | None = None) -> dict:
+        """Until the version is no longer `pending` (`ready` or `failed`); the version."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            version = self.version(version_id)
+            if version["state"] != "pending":
+                return version
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"model version {version_id} is still being exported after "
+                                   f"{timeout:g} s")
             time.sleep(poll)
 
     def follow(self, run_id: int, *, poll: float = 2.0, timeout: float | None = None

@@ -5,12 +5,14 @@
         --wait --follow                     # streams the log; exits with the run's outcome
     ascent runs metrics 42 --keys reward/mean,val/accuracy --format csv
     ascent runs cancel 42
+    ascent models register 42 --name qwen-math --alias champion --wait   # prints models:/...
 
 Exit status: 0 the run SUCCEEDED (or, without --wait, the request was taken); 1 it FAILED;
 3 it was CANCELLED; 2 bad input (a spec file that cannot be read, a spec the server refused,
 an unknown experiment); 4 the server cannot be reached or refused the token; 5 --timeout
-passed first. Messages go to standard error; standard output holds the run id (submit), the
-log (--follow) or the metrics.
+passed first; `models register --wait` exits 0 when the version is ready, 1 when its export
+failed. Messages go to standard error; standard output holds the run id (submit), the log
+(--follow), the metrics, or the version's id (register) or `models:/` path (register --wait).
 """
 
 from __future__ import annotations
@@ -118,6 +120,23 @@ def cmd_metrics(client: Client, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_register(client: Client, args: argparse.Namespace) -> int:
+    version = client.register(args.run, args.name, step=args.step, aliases=args.alias,
+                              description=args.description or "")
+    say(f"run {args.run} step {version['step']}: version {version['id']} of {args.name} "
+        "asked for; the server exports and registers it")
+    if not args.wait:
+        print(version["id"], flush=True)
+        return 0
+    version = client.wait_version(version["id"], poll=args.poll, timeout=args.timeout)
+    if version["state"] != "ready":
+        say(f"model version {version['id']} failed: {version['error']}")
+        return EXIT["FAILED"]
+    say(f"{version['uri']} is ready")
+    print(version["uri"], flush=True)
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="ascent", description=__doc__.splitlines()[0],
                                   formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -182,6 +201,21 @@ def parser() -> argparse.ArgumentParser:
     metrics.add_argument("--max-points", type=int, help="points per metric, evenly down-sampled "
                          "(the server's default 500)")
     metrics.set_defaults(handler=cmd_metrics)
+
+    models = groups.add_parser("models", help="register a run's checkpoint as a model version")
+    model_commands = models.add_subparsers(dest="command", required=True)
+    register = model_commands.add_parser(
+        "register", help="a run's checkpoint as a new version of a model (models:/NAME/N)")
+    register.add_argument("run", type=int)
+    register.add_argument("--name", required=True, help="the model (new or of the run's project)")
+    register.add_argument("--step", type=int, help="the checkpoint's step (default: the latest)")
+    register.add_argument("--alias", action="append", default=[],
+                          help="an alias for the version, e.g. champion (repeatable)")
+    register.add_argument("--description", help="what the version is")
+    register.add_argument("--wait", action="store_true",
+                          help="wait until it is registered; print its models:/ path")
+    waiting(register)
+    register.set_defaults(handler=cmd_register)
     return top
 
 

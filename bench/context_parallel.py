@@ -10,7 +10,7 @@ log-probs through `TrainEngine` with remove padding: on one rank, and on two ran
 context-parallel group with Ulysses and with ring attention. Reported per case and rank: the
 bytes autograd keeps for backward (every distinct storage saved during the forward, the
 parameters excluded), the median seconds of three forward-and-backward passes, and the largest
-difference of the log-probs from one rank's. The aim (issue Q): a device of a group of two
+difference of the log-probs from one rank's. The aim: a device of a group of two
 keeps at most 0.6 of what one device keeps.
 Figures only: nothing here passes or fails.
 """

@@ -14,7 +14,7 @@ seconds of gathering every weight in full, bucket by bucket (`weight_buckets` of
 and of syncing them into a rollout group of as many ranks (each keeping its part of the layers,
 `rl_core.rollout.parts`), with the largest bucket (the extra memory a rank holds while syncing)
 and the rollout's part against the model's size.
-The aim (issue Q): a device of a group of two holds at most 0.55 of one device's training state.
+The aim: a device of a group of two holds at most 0.55 of one device's training state.
 Figures only: nothing here passes or fails.
 """
 

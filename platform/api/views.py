@@ -395,6 +395,7 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
         data = serializer.validated_data
         prepared = services.prepare(services.Submission(
             spec=data["spec"], overrides=data["overrides"], cluster=data.get("cluster")))
+        services.check_spec(prepared.spec, None, request.user)  # models:/ paths, for one
         device_request = prepared.spec.device_request()
         memory = prepared.memory
         return Response({

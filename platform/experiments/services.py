@@ -217,6 +217,13 @@ def prepare(submission: Submission) -> Prepared:
     return Prepared(spec, admission.memory)
 
 
+def check_spec(spec: RunSpec, project, user) -> None:
+    """The checks other apps add (SPEC_CHECKS), for a submission of `user` (to `project`, or
+    None for a dry run): SpecError naming each refused field."""
+    for check in SPEC_CHECKS:
+        check(spec, project, user)
+
+
 def submit_run(experiment: Experiment, user, submission: Submission) -> tuple[Run, bool]:
     """Store a validated run as QUEUED. Returns (run, created).
 
@@ -232,8 +239,7 @@ def submit_run(experiment: Experiment, user, submission: Submission) -> tuple[Ru
     if prepared.memory.does_not_fit and not submission.ignore_memory_plan:
         raise MemoryRefusal(prepared.memory)
     spec = prepared.spec
-    for check in SPEC_CHECKS:
-        check(spec, experiment.project, user)
+    check_spec(spec, experiment.project, user)
     request = spec.device_request()
     try:
         with transaction.atomic():

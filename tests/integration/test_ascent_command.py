@@ -1,8 +1,8 @@
 """The `ascent` command end to end, as a pipeline runs it: against this live server, a Celery
 worker process, a Ray head and an MLflow server. A job submits a spec with overrides and follows
 the run to its end, the exit status its outcome; the job retried finds the same run; its metrics
-come out as CSV and JSON; a failed run, a cancelled run, a refused spec and an unreachable
-server each exit with their own status."""
+come out as CSV and JSON; its checkpoint is registered as a model version; a failed run, a
+cancelled run, a refused spec and an unreachable server each exit with their own status."""
 
 from __future__ import annotations
 
@@ -73,6 +73,14 @@ def test_a_pipeline_submits_follows_and_reads_the_metrics(pipeline, worker, mlfl
                                               ("actor/pg_loss", "1"), ("actor/pg_loss", "2")]
     whole = json.loads(ascent("runs", "metrics", str(run.pk), "--format", "json").stdout)
     assert {"reward/mean", "actor/pg_loss", "perf/tokens_per_s"} <= set(whole["history"])
+
+    # The pipeline registers what the run made, and reads back the path a next run starts from.
+    registered = ascent("models", "register", str(run.pk), "--name", "nightly", "--alias",
+                        "latest-good", "--wait", "--poll", "1")
+    assert registered.returncode == 0, registered.stderr
+    assert registered.stdout.strip() == "models:/nightly/1", registered.stderr
+    refused = ascent("models", "register", str(run.pk), "--name", "nightly", "--step", "3")
+    assert refused.returncode == 2 and "no checkpoint at step 3" in refused.stderr
 
 
 def test_each_ending_has_its_own_exit_status(pipeline, worker):

@@ -99,7 +99,7 @@ def test_an_alias_moves_to_the_version_it_is_set_on_and_a_pending_one_keeps_it_a
 
 
 def test_a_spec_may_name_only_ready_versions_and_aliases_of_readable_models(
-        submit, adder, project):
+        submit, clients, adder, project):
     model, (v1, v2) = adder
     ModelVersion.objects.create(model=model, run=v1.run, step=8, version=3,
                                 state=VersionState.FAILED)
@@ -122,6 +122,16 @@ def test_a_spec_may_name_only_ready_versions_and_aliases_of_readable_models(
     assert status == 400 and "no registered model named 'nobody'" in errors[0]["message"]
     status, errors = refusal("models:/adder")
     assert status == 400 and "models:/<name>/<version>" in errors[0]["message"]
+    # The dry run says the same, and a stranger may not name the model at all.
+    body = {"spec": {"algorithm": "grpo", "data": {"synthetic": {"task": "addition"}},
+                     "model": {"path": "models:/adder/3"}}}
+    answer = clients["owner"].post("/api/v1/runs/validate/", body, format="json")
+    assert answer.status_code == 400 and "no ready version 3" in answer.content.decode()
+    body["spec"]["model"]["path"] = "models:/adder/1"
+    assert clients["owner"].post("/api/v1/runs/validate/", body, format="json").status_code == 200
+    answer = clients["stranger"].post("/api/v1/runs/validate/", body, format="json")
+    assert answer.status_code == 400 and "no registered model named 'adder'" in \
+        answer.content.decode()
 
 
 def test_a_change_mlflow_cannot_take_is_a_503_and_changes_nothing(clients, adder, settings,
