@@ -90,6 +90,10 @@ def test_a_version_shows_its_lineage_and_an_alias_moves_with_its_form(page, sign
     page.get_by_role("button", name="Save").click()
     expect(page.locator(".messages")).to_contain_text("saved")
     assert ModelVersion.objects.get(pk=pending.pk).alias_names() == ["candidate"]
+    from audit.models import AuditEntry
+
+    entry = AuditEntry.objects.get(action="model_version.update")
+    assert (entry.object_id, entry.actor_name) == (str(pending.pk), "maintainer")
 
     # The parent's page links to the run; the run's page links back to its versions.
     page.goto(f"/models/{model.pk}/versions/{v1.pk}/")
