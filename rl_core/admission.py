@@ -157,7 +157,8 @@ def _model_refusals(spec: RunSpec) -> list[Refusal]:
     except InputError:
         return []
     return [{"field": field, "message": message}
-            for field, message in model_violations(spec, shape.num_experts, shape.model_type)]
+            for field, message in model_violations(spec, shape.num_experts, shape.model_type,
+                                                   layout=shape)]
 
 
 def _host_memory_refusals(spec: RunSpec, facts: Facts) -> list[Refusal]:

@@ -4,14 +4,17 @@
         config.json, model.safetensors, tokenizer files   # loadable by plain transformers
         trainer_state.pt                                  # optimizer, scheduler, RNG, data cursor
         spec.yaml                                         # the resolved run spec
-        dcp/actor/, dcp/critic/                           # actor.strategy fsdp2: sharded state
+        dcp/actor/, dcp/critic/                           # fsdp2, megatron: sharded state
         critic/                                           # PPO: the value model
 
 With `actor.strategy: fsdp2` the optimizer state and the float32 master weights are not gathered
 anywhere: each rank writes its shards through `torch.distributed.checkpoint` (DCP) under `dcp/`,
 and a resume on any number of ranks reads them back resharded; `trainer_state.pt` then keeps
 only the schedule, the RNG and the data cursor. The Hugging Face weights are the model in
-`model.dtype`; `python -m rl_core export` writes a folder from the master weights.
+`model.dtype`; `python -m rl_core export` writes a folder from the master weights. With
+`actor.strategy: megatron` the shards are Megatron's distributed checkpoint (the chunks' weights
+and its distributed optimizer's state in Megatron's fully reshardable format; resuming is tested
+on the layout that wrote it).
 
 A checkpoint is written into a temporary folder and renamed into place, so a folder named
 step_<N> is always complete; a crash mid-write leaves only a `.tmp-*` folder, removed next time.

@@ -74,11 +74,15 @@ STAGE_TIMEOUT_S = 3600.0
 
 def preflight(spec: RunSpec, *, local: bool) -> None:
     """Refuse, before anything loads, a dtype the device kind cannot train in, (in this
-    process) devices this host does not have and a rollout engine that is not installed; each
-    message names the field to change."""
+    process) devices this host does not have and a rollout engine or training engine that is
+    not installed; each message names the field to change."""
     from rl_core import device as devices
 
     kind = devices.get_kind(spec.resources.device_type)
+    if spec.actor.strategy == "megatron":  # the run's image has the extra, or nothing starts
+        from rl_core.engines.mcore import require_megatron
+
+        require_megatron()
     if local:
         devices.check_available(kind, spec.resources.devices_per_node)
     if not local and kind.torch_type != "cpu":
@@ -113,11 +117,12 @@ def check_vllm_share(spec: RunSpec) -> None:
 
 
 def check_strategy(checkpoint: Path, state: dict[str, Any], spec: RunSpec) -> None:
-    """An InputError when the checkpoint's training state was saved by the other kind of engine
-    (sharded or whole) than the spec's `actor.strategy` builds: the two keep it differently."""
-    sharded = bool(state["engine"].get("sharded"))
-    if sharded != (spec.actor.strategy == "fsdp2"):
-        saved = "fsdp2" if sharded else "torch"
+    """An InputError when the checkpoint's training state was saved by another kind of engine
+    (whole, FSDP2's shards, Megatron's) than the spec's `actor.strategy` builds: each keeps it
+    differently."""
+    engine = state["engine"]
+    saved = engine.get("strategy") or ("fsdp2" if engine.get("sharded") else "torch")
+    if saved != spec.actor.strategy:
         raise InputError(
             f"actor.strategy: {checkpoint} was saved with actor.strategy={saved}, this run uses "
             f"{spec.actor.strategy}; resume it with {saved}, or start a new run from its weights "
@@ -243,8 +248,17 @@ class Controller:
 
     def per_rank(self, shares: list[Any]) -> list[Any]:
         """The `dp` shares, one per data-parallel rank, for every rank of the actor's group:
-        the ranks of a context- and tensor-parallel block share their rows."""
-        return [share for share in shares for _ in range(self.spec.model_parallel_size)]
+        the ranks of a context-, tensor- (and pipeline-) parallel block share their rows
+        (`RunSpec.data_rank`)."""
+        if not shares:  # nothing to hand out (no stage runs on the shares)
+            return []
+        return [shares[self.spec.data_rank(rank)] for rank in range(self.roles.actor.size)]
+
+    def data_leaders(self) -> list[int]:
+        """The first rank of each data-parallel index, in order (whose results stand for
+        their block's)."""
+        ranks = range(self.roles.actor.size)
+        return [min(r for r in ranks if self.spec.data_rank(r) == d) for d in range(self.dp)]
 
     # ----------------------------------------------------------------------- checkpoints
 
@@ -517,7 +531,7 @@ class Controller:
         # chunks from the channel, so their stages are called on every rank's share at once
         # (`SHARDED_STAGES`; the ranks of a context- and tensor-parallel block on one share)
         mp = self.spec.model_parallel_size
-        sharded = self.spec.actor.strategy == "fsdp2" or mp > 1
+        sharded = self.spec.actor.strategy != "torch" or mp > 1
         direct = [s for s in stages if sharded and s in SHARDED_STAGES]
         stages = [s for s in stages if s not in direct]
         started = time.perf_counter()  # (a local group works while it is submitted)
@@ -550,8 +564,9 @@ class Controller:
                      for stage in stages for name in plan[stage][2]})
         for stage, stage_started, pending_map in mapped:
             (column,) = plan[stage][2]
-            # rank after rank (one of each block): rows of `order`
-            stacked = torch.cat(collect(pending_map)[0][::mp])
+            # one rank of each data-parallel index, in order: rows of `order`
+            results = collect(pending_map)[0]
+            stacked = torch.cat([results[rank] for rank in self.data_leaders()])
             out[column] = stacked.new_empty(stacked.shape).index_copy_(0, order, stacked)
             timer.seconds[stage] += time.perf_counter() - stage_started
         timer.seconds["stages"] += time.perf_counter() - started

@@ -7,8 +7,10 @@ A checkpoint of `actor.strategy: fsdp2` keeps the float32 master weights sharded
 `dcp/actor` (`rl_core.checkpoint`); they are read here in one process, whatever number of ranks
 wrote them, into the model the checkpoint's config.json describes, cast to the dtype asked for
 (default: the run's `model.dtype`) and saved with the tokenizer. A checkpoint of the plain
-engine has only its Hugging Face weights, which are re-saved in that dtype. The folder is
-written beside `out` and renamed into place, so `out` is complete or absent.
+engine has only its Hugging Face weights, which are re-saved in that dtype; so has one of
+`actor.strategy: megatron` (its float32 main weights are shards of Megatron's optimizer, which
+only its engine reads: its Hugging Face weights, in `model.dtype`, are the trained ones). The
+folder is written beside `out` and renamed into place, so `out` is complete or absent.
 """
 
 from __future__ import annotations
@@ -41,6 +43,9 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str | None
     dtype = dtype or spec.get("model", {}).get("dtype") or "float32"
     model = load_model(source, dtype="float32", trust_remote_code=trust)
     masters = source / MASTER_DIR
+    megatron = spec.get("actor", {}).get("strategy") == "megatron"
+    if megatron:  # Megatron's shards need its layout to read: the folder's weights are the model
+        masters = source / "none"
     if (masters / ".metadata").is_file():
         _load_masters(model, masters)
     tokenizer = load_tokenizer(source, trust_remote_code=trust)

@@ -34,6 +34,24 @@ What each engine keeps (P parameters, D = `spec.data_parallel_size` devices, b t
   float32 unit being sharded (the larger of a layer and the root). Generation needs the full
   weights (P·b): the native rollout's own copy, which on an accelerator is parked in host
   memory from the log-prob stages to the weight sync after the step (on cpu it stays).
+- `actor.strategy: megatron` (Megatron-Core, the model built from the Hugging Face folder by
+  mbridge) keeps on a device its pipeline stage's part of the model. With t, p, v, c and e the
+  tensor-, pipeline-, virtual-pipeline-, context- and expert-parallel sizes (`parallel.*`) and
+  L the decoder layers, a stage holds L/p layers (v chunks of L/(p·v) when interleaved), the
+  first also the embedding, the last the final norm and the output head (with tied embeddings
+  and p > 1 a copy of the embedding as its output layer); the stage with the most parameters is
+  planned. Its dense weights are split t ways and its experts t·e ways (expert tensor
+  parallelism is t). Megatron's defaults: the weights in `model.dtype` (Float16Module), a
+  float32 gradient buffer as large (`grad_reduce_in_fp32`), which DistributedDataParallel
+  allocates with the model and keeps, and the distributed optimizer's shard of float32 main
+  parameters (below float32; in float32 the weights are their own) and Adam's two float32
+  moments, over the data- and context-parallel ranks (D·c) for dense weights and over D·c/e
+  for experts (and one moment-sized buffer of the step). `actor.offload.optimizer` keeps that
+  shard in host memory outside the step. At load the bridge reads each tensor whole from the
+  folder and scatters it (the largest, in `model.dtype`, on the device besides); after every
+  update the weights go to the rollout one full tensor at a time, gathered over the tensor-,
+  expert- and pipeline-parallel ranks (one bucket, the largest tensor, in the rollout phase).
+  The rollout keeps its own full copy as with fsdp2.
 - `actor.offload.param` (fsdp2): the shards of parameters, gradients and moments stay in host
   memory and the optimizer steps there; only the gathered layers come to the device.
   `actor.offload.optimizer`: the moments wait in host memory and come back for the step. The
@@ -43,12 +61,15 @@ What each engine keeps (P parameters, D = `spec.data_parallel_size` devices, b t
   and come to the device for its log-prob stage. Under `actor.strategy: fsdp2` it is sharded
   in `model.dtype` (P·b/D, no float32 masters, gradients or moments) and gathers the root and
   two layers to compute; with `reference.offload` the shards stay in host memory (on cpu
-  nothing is offloaded: the device is the host). The critic (PPO) is the policy's body under a
-  one-output head and keeps parameters, gradients and moments like the actor (same strategy,
-  no offload, no gradient checkpointing: the critic loads without it). A reward model
-  (`reward.reward_model`) is frozen and whole on every device (its own shape, read from its
-  config.json where the folder is readable here, else the policy's) and scores in the
-  `log-probs` phase.
+  nothing is offloaded: the device is the host). Under `actor.strategy: megatron` it is built
+  like the actor's stage and frozen: its stage's weights in `model.dtype` (1/t, experts
+  1/(t·e)), no gradients or optimizer, with `reference.offload` in host memory outside its
+  stage. The critic (PPO) is the policy's body under a one-output head and keeps parameters,
+  gradients and moments like the actor (same strategy, no offload, no gradient checkpointing:
+  the critic loads without it; under megatron its last stage holds the final norm and the
+  score layer). A reward model (`reward.reward_model`) is frozen and whole on every device
+  (its own shape, read from its config.json where the folder is readable here, else the
+  policy's) and scores in the `log-probs` phase.
 
 Phases. Memory is added up per phase, and the peak is the largest phase: `load` (roles build
 their models), `rollout` (native generation: static KV cache, the fast decoder's packed
@@ -90,6 +111,18 @@ are split t ways (sequence parallelism for the norms and the residual stream, he
 for the rest), except the gathered inputs of attention and the MLP (2·b·h a layer) and of the
 output head, which their column-parallel projections keep whole for backward; each device
 computes the logits of 1/t of the vocabulary.
+
+Pipeline parallelism (`actor.strategy: megatron`): activations are those of one device's
+layers, split t ways (sequence parallelism; conservatively as fsdp2's tensor parallelism above,
+the gathered inputs whole) and c ways (tokens). Under the 1F1B schedule the first stage holds p
+micro-batches in flight, each through its L/p layers: L layers' worth of one micro-batch, as
+without a pipeline; the interleaved schedule (v > 1) holds (1 + (p - 1)/(p·v)) times as much.
+`actor.recompute: full` keeps each layer's input and recomputes one layer at a time in backward
+(as gradient checkpointing); `selective` drops what the attention core keeps for its backward
+(its output, b·q, and with `eager` attention the s² term); null follows
+`model.gradient_checkpointing` (full when it is on). The logits are the last stage's, 1/t of
+the vocabulary. A device is planned, conservatively, with the largest stage's weights, the
+first stage's activations and the last stage's logits together.
 
 A rollout group (`rollout.tensor_parallel_size` r): with the native engine (and fsdp2) each
 device holds 1/r of the layers' weights (the embedding, norms and head whole), of the fast
@@ -510,7 +543,8 @@ def _read_json(path: Path) -> dict[str, Any]:
 class Setup:
     """What memory depends on in a spec, flattened so an alternative can change one thing.
 
-    `devices` is the data-parallel size fsdp2 shards over. `*_rows` are responses per device in
+    `devices` is the data-parallel size fsdp2 shards over (and Megatron's distributed optimizer
+    with the context-parallel ranks). `*_rows` are responses per device in
     one forward: the actor's training micro-batch, its old log-prob pass, the reference's and
     the critic's (None: that stage does not run). `rollout_prompts` and `rollout_rows` are the
     prompts and response rows one device generates at once (training or validation batch).
@@ -557,12 +591,18 @@ class Setup:
     reward_model_rows: int | None = None
     # parallel.rollout_devices: a rollout pool of its own (0: the rollout shares the devices)
     rollout_pool: int = 0
+    # parallel.pipeline_parallel_size and virtual_pipeline_parallel_size (megatron): the stages
+    # the layers are cut into, and the chunks of them each device holds
+    pipeline_parallel: int = 1
+    virtual_pipeline: int = 1
+    # actor.recompute as megatron resolves it ("full", "selective", None: every layer kept)
+    recompute: str | None = None
 
     @property
     def ranks(self) -> int:
-        """Devices: data- × context- × tensor-parallel (FSDP2 shards over the first two, each
-        tensor-parallel part of the model: every device holds 1/ranks of it)."""
-        return self.devices * self.context_parallel * self.tensor_parallel
+        """Devices: data- × context- × tensor- (× pipeline-) parallel (FSDP2 shards over the
+        first two, each tensor-parallel part of the model: every device holds 1/ranks of it)."""
+        return self.devices * self.context_parallel * self.tensor_parallel * self.pipeline_parallel
 
     @property
     def dtype_bytes(self) -> int:
@@ -577,10 +617,10 @@ def setup_of(spec: RunSpec) -> Setup:
     """The `Setup` of a resolved spec."""
     dp, n = spec.data_parallel_size, spec.rollout.n_samples_per_prompt
     cp, tp = spec.parallel.context_parallel_size, spec.parallel.tensor_parallel_size
-    rp = spec.rollout.tensor_parallel_size
+    pp, rp = spec.parallel.pipeline_parallel_size, spec.rollout.tensor_parallel_size
     # every device rolls out, a rollout group together; or only a pool's devices
     pool = spec.parallel.rollout_devices
-    groups = max(1, (pool or dp * cp * tp) // rp)
+    groups = max(1, (pool or dp * cp * tp * pp) // rp)
     prompts = math.ceil(spec.data.train_batch_size / groups)
     # greedy validation, one response per prompt, when the run evaluates (the spec then has
     # validation prompts)
@@ -606,8 +646,18 @@ def setup_of(spec: RunSpec) -> Setup:
                               math.ceil(spec.data.train_batch_size / dp)
                               * spec.rollout.n_samples_per_prompt)
         if spec.reward.reward_model is not None else None,
-        rollout_pool=pool,
+        rollout_pool=pool, pipeline_parallel=pp,
+        virtual_pipeline=spec.parallel.virtual_pipeline_parallel_size,
+        recompute=megatron_recompute(spec),
     )
+
+
+def megatron_recompute(spec: RunSpec) -> str | None:
+    """`actor.recompute` under `actor.strategy: megatron`, null following
+    `model.gradient_checkpointing` ("full" when it is on); None for the other engines."""
+    if spec.actor.strategy != "megatron":
+        return None
+    return spec.actor.recompute or ("full" if spec.model.gradient_checkpointing else None)
 
 
 def reward_model_shape(spec: RunSpec) -> ModelShape | None:
@@ -900,8 +950,144 @@ def _fsdp2_state(role: str, params: int, root: int, layer: int, s: Setup, offloa
 
 
 def _actor_state(s: Setup, shape: ModelShape) -> list[Component]:
+    if s.strategy == "megatron":
+        return _megatron_state("actor", s, shape, offload_optimizer=s.offload_optimizer)
     return _train_state("actor", shape.parameters, shape.root_parameters,
                         _layer_unit(s, shape), s, s.offload_param, s.offload_optimizer)
+
+
+# --------------------------------------------------------------------------- megatron
+
+
+def megatron_stage_parameters(shape: ModelShape, pipeline: int,
+                              critic: bool = False) -> tuple[int, int, str]:
+    """The parameters of the pipeline stage with the most of them, before tensor and expert
+    parallelism: its dense parameters, its experts' and which stage it is ("first", "last", or
+    "only" without a pipeline). Every stage holds L/p decoder layers (with interleaving, v
+    chunks of L/(p·v)); the first also the embedding (and a vision tower), the last the final
+    norm and the output head: with tied embeddings and p > 1 a copy of the embedding as its
+    output layer; a critic's last stage the final norm and its score layer (hidden -> 1, bias)."""
+    layers = math.ceil(shape.num_hidden_layers / pipeline)
+    experts = layers * shape.expert_parameters
+    body = layers * (shape.layer_parameters - shape.expert_parameters)
+    first = shape.embedding_parameters + (0 if critic else shape.vision_parameters)
+    if critic:
+        last = 2 * shape.hidden_size + 1
+    else:
+        copy = pipeline > 1 or not shape.tie_word_embeddings
+        last = shape.hidden_size + (shape.embedding_parameters if copy else 0)
+    if pipeline == 1:
+        return body + first + last, experts, "only"
+    if first > last:
+        return body + first, experts, "first"
+    return body + last, experts, "last"
+
+
+def _megatron_part(s: Setup, dense: int, experts: int) -> int:
+    """A device's parameters of a stage: its dense part 1/t, its experts 1/(t·e)."""
+    t = s.tensor_parallel
+    return math.ceil(dense / t) + math.ceil(experts / (t * s.expert_parallel))
+
+
+def _megatron_where(s: Setup, stage: str) -> str:
+    """Which part of the model a device holds, for the notes."""
+    parts = [] if stage == "only" else [f"the {stage} of {s.pipeline_parallel} stages"]
+    if s.tensor_parallel > 1:
+        parts.append(f"1/{s.tensor_parallel} (tensor parallel)")
+    if s.expert_parallel > 1:
+        parts.append(f"experts 1/{s.tensor_parallel * s.expert_parallel}")
+    return ", ".join(parts) or "the whole model"
+
+
+def largest_tensor(shape: ModelShape) -> int:
+    """Elements of the model's largest tensor as Megatron holds it whole: the embedding (or
+    output head), the fused q/k/v projection, the fused gate/up projection (a dense MLP's or
+    one expert's) or a router."""
+    h = shape.hidden_size
+    mlp = 2 * h * (shape.moe_intermediate_size if shape.is_moe else shape.intermediate_size)
+    return max(shape.embedding_parameters, h * (shape.q_width + 2 * shape.kv_width), mlp,
+               shape.num_experts * h)
+
+
+def _megatron_load_tensor(role: str, s: Setup, shape: ModelShape) -> Component:
+    return Component(f"{role} load tensor", largest_tensor(shape) * s.dtype_bytes, ("load",),
+                     f"the largest tensor in {s.dtype}, read whole from the folder and "
+                     "scattered over the tensor-parallel ranks")
+
+
+def _megatron_state(role: str, s: Setup, shape: ModelShape, critic: bool = False,
+                    offload_optimizer: bool = False) -> list[Component]:
+    """Megatron's training state on a device: its stage's weights in model.dtype, the float32
+    gradient buffer as large, the distributed optimizer's shard (float32 main parameters below
+    float32, two float32 moments) over D·c ranks for dense weights and D·c/e for experts; the
+    load's largest tensor, and for the actor the weight sync's one full tensor."""
+    b = s.dtype_bytes
+    dense, experts, stage = megatron_stage_parameters(shape, s.pipeline_parallel, critic)
+    t, e = s.tensor_parallel, s.expert_parallel
+    own_dense, own_experts = math.ceil(dense / t), math.ceil(experts / (t * e))
+    params = own_dense + own_experts
+    ranks = s.devices * s.context_parallel  # Megatron's data-parallel group with context
+    expert_ranks = max(1, ranks // e)  # its expert-data-parallel group
+    shard = math.ceil(own_dense / ranks) + math.ceil(own_experts / expert_ranks)
+    over = f"1/{ranks} per device" + (f", experts 1/{expert_ranks}" if experts else "")
+    moments = (("step",), True) if offload_optimizer else (TRAINED, False)
+    masters = (("step",), True) if offload_optimizer else (PHASES, False)
+    where = ", in host memory outside the step" if offload_optimizer else ""
+    parts = [
+        Component(f"{role} parameters", params * b, PHASES,
+                  f"{s.dtype} (Float16Module), {_megatron_where(s, stage)}"),
+        Component(f"{role} gradient buffer", params * 4, PHASES,
+                  "float32 (grad_reduce_in_fp32), allocated with the model and kept"),
+        Component(f"{role} main parameter shard", shard * 4 if b < 4 else 0, masters[0],
+                  f"the distributed optimizer's float32 copies, {over}{where}", masters[1]),
+        Component(f"{role} Adam moments", 2 * shard * 4, moments[0],
+                  f"exp_avg, exp_avg_sq in float32, {over}{where}", moments[1]),
+        Component(f"{role} Adam step temporary", shard * 4, ("step",),
+                  "one moment-sized buffer of the step"),
+        _megatron_load_tensor(role, s, shape),
+    ]
+    if role == "actor":
+        parts.append(Component("actor weight sync tensor", largest_tensor(shape) * b,
+                               ("rollout",), f"one full tensor at a time in {s.dtype}, gathered "
+                               "over the tensor-, expert- and pipeline-parallel ranks"))
+    return parts
+
+
+def megatron_activation_bytes_per_token(shape: ModelShape, dtype_bytes: int,
+                                        recompute: str | None, tensor_parallel: int = 1,
+                                        pipeline: int = 1, virtual: int = 1, seq_len: int = 0,
+                                        attention: str = "sdpa") -> int:
+    """Activation bytes per token of a micro-batch on the first pipeline stage, which holds
+    `pipeline` micro-batches in flight through its L/p layers (L layers' worth; interleaved
+    over `virtual` chunks, (1 + (p - 1)/(p·v)) times that), each layer split `tensor_parallel`
+    ways as `activation_bytes_per_token` splits it. `recompute`: "full" keeps each layer's
+    input and recomputes one layer at a time; "selective" drops what the attention core keeps
+    (its output, and eager attention's s² term); None keeps every layer's activations."""
+    b, h, t = dtype_bytes, shape.hidden_size, tensor_parallel
+    raw = _layer_activation_bytes(shape, b, seq_len, attention)
+    layer = _split(raw, b * h, t)
+    if recompute == "full":
+        kept, recomputed = math.ceil(b * h / t), layer
+    elif recompute == "selective":
+        core = b * shape.q_width + (raw - _layer_activation_bytes(shape, b, seq_len, "sdpa"))
+        kept, recomputed = _split(raw - core, b * h, t), 0
+    else:
+        kept, recomputed = layer, 0
+    in_flight = shape.num_hidden_layers * kept  # p micro-batches x L/p layers
+    if virtual > 1:  # interleaved: (1 + (p - 1)/(p·v)) times as much
+        stages = pipeline * virtual
+        in_flight = -(-in_flight * (stages + pipeline - 1) // stages)
+    return in_flight + recomputed + _top_activation_bytes(shape, b, t)
+
+
+def _megatron_how(s: Setup, recompute: str | None) -> str:
+    """How a megatron micro-batch's activations are kept, for the notes."""
+    how = {"full": "full recompute", "selective": "selective recompute"}.get(
+        recompute or "", "all layers kept")
+    p, v = s.pipeline_parallel, s.virtual_pipeline
+    if p > 1:
+        how += f", {p} micro-batches in flight" + (f", {v} chunks interleaved" if v > 1 else "")
+    return how
 
 
 # --------------------------------------------------------------------------- rollout
@@ -919,12 +1105,13 @@ def _rollout(s: Setup, shape: ModelShape) -> list[Component]:
     prefill = s.rollout_prompts * s.prompt_len * (math.ceil((fused + inter) / r) + 2 * h) * b
     layers = shape.num_hidden_layers * shape.layer_parameters
     own = shape.parameters - layers + math.ceil(layers / r)  # layers split, the rest whole
-    full = own * b if s.strategy == "fsdp2" else 0
+    full = own * b if s.strategy in ("fsdp2", "megatron") else 0
     part = f"; its part of the layers (1/{r}: a rollout group)" if r > 1 else ""
     parks = s.device_type != "cpu"  # in host memory from the log-probs to the next sync
+    source = "tensor by tensor" if s.strategy == "megatron" else "from the shards"
     return [
         Component("rollout full weights", full, ("load", "rollout") if parks else PHASES,
-                  f"the rollout's own model in {s.dtype}, synced from the shards{part}"
+                  f"the rollout's own model in {s.dtype}, synced {source}{part}"
                   + ("; parked in host memory while training computes" if parks else "")),
         Component("rollout weights parked", full if parks else 0, (),
                   "the rollout's own model in host memory while training computes", True),
@@ -1036,7 +1223,16 @@ def activation_bytes_per_token(shape: ModelShape, dtype_bytes: int, checkpointin
     the formula is in the module docstring). `seq_len` matters for `eager` attention only.
     With `tensor_parallel` t every term is split t ways, but for the gathered inputs of
     attention and the MLP (2·b·h a layer) and of the output head (b·h)."""
-    b, h, inter, t = dtype_bytes, shape.hidden_size, shape.mlp_width, tensor_parallel
+    b, h, t = dtype_bytes, shape.hidden_size, tensor_parallel
+    layer = _split(_layer_activation_bytes(shape, b, seq_len, attention), b * h, t)
+    layers = shape.num_hidden_layers
+    kept = layers * math.ceil(b * h / t) + layer if checkpointing else layers * layer
+    return kept + _top_activation_bytes(shape, b, t)
+
+
+def _layer_activation_bytes(shape: ModelShape, b: int, seq_len: int, attention: str) -> int:
+    """What one decoder layer keeps per token for backward (the module docstring's formula)."""
+    h, inter = shape.hidden_size, shape.mlp_width
     layer = 2 * (4 + b) * h + 5 * b * shape.q_width + 4 * b * inter
     if shape.is_moe:  # each token's copies to and from its experts, the router's float32 output
         layer += 2 * b * shape.num_experts_per_tok * h + 3 * 4 * shape.num_experts
@@ -1044,12 +1240,21 @@ def activation_bytes_per_token(shape: ModelShape, dtype_bytes: int, checkpointin
         layer += (4 + b) * (shape.q_width + shape.kv_width)
     if attention == "eager":
         layer += shape.num_attention_heads * seq_len * (4 + b)
-    gathered = 2 * b * h if t > 1 else 0
-    layer = math.ceil(layer / t) + gathered
-    layers = shape.num_hidden_layers
-    kept = layers * math.ceil(b * h / t) + layer if checkpointing else layers * layer
+    return layer
+
+
+def _split(layer: int, bh: int, t: int) -> int:
+    """A layer's activations over `t` tensor-parallel devices: split, but for the gathered
+    inputs of attention and the MLP (2·b·h), kept whole."""
+    return math.ceil(layer / t) + (2 * bh if t > 1 else 0)
+
+
+def _top_activation_bytes(shape: ModelShape, b: int, t: int) -> int:
+    """Beyond the layers: the final norm and the output head's input, and the gradients in
+    flight through the layer being back-propagated (the head's input whole under t > 1)."""
+    h, inter = shape.hidden_size, shape.mlp_width
     top = (4 + 2 * b) * h + b * (2 * h + 2 * inter)
-    return kept + (math.ceil(top / t) + b * h if t > 1 else top)
+    return math.ceil(top / t) + b * h if t > 1 else top
 
 
 def forward_bytes_per_token(shape: ModelShape, dtype_bytes: int, tensor_parallel: int = 1) -> int:
@@ -1071,9 +1276,15 @@ def logits_bytes(rows: int, response_len: int, vocab: int, dtype_bytes: int, tra
 def _actor_passes(s: Setup, shape: ModelShape) -> list[Component]:
     """The actor's training micro-batch and its old log-prob forward."""
     b, seq, vocab = s.dtype_bytes, s.seq_len, _vocab_part(s, shape)
-    per_token = activation_bytes_per_token(shape, b, s.gradient_checkpointing, seq, s.attention,
-                                           s.tensor_parallel)
-    how = "checkpointed" if s.gradient_checkpointing else "all layers kept"
+    if s.strategy == "megatron":
+        per_token = megatron_activation_bytes_per_token(
+            shape, b, s.recompute, s.tensor_parallel, s.pipeline_parallel, s.virtual_pipeline,
+            seq, s.attention)
+        how = _megatron_how(s, s.recompute)
+    else:
+        per_token = activation_bytes_per_token(shape, b, s.gradient_checkpointing, seq,
+                                               s.attention, s.tensor_parallel)
+        how = "checkpointed" if s.gradient_checkpointing else "all layers kept"
     cp, shared = s.context_parallel, _shared(s)
     parts = [
         Component("actor activations", math.ceil(s.train_rows * seq / cp) * per_token,
@@ -1153,6 +1364,16 @@ def _reference(s: Setup, shape: ModelShape) -> list[Component]:
         return []
     forward = _forward("reference", s.reference_rows, s, shape, _vocab_part(s, shape))
     offload = s.reference_offload and s.device_type != "cpu"
+    if s.strategy == "megatron":  # its stage's weights, frozen: no gradients, no optimizer
+        dense, experts, stage = megatron_stage_parameters(shape, s.pipeline_parallel)
+        params = _megatron_part(s, dense, experts)
+        return [
+            Component("reference parameters", params * s.dtype_bytes,
+                      ("log-probs",) if offload else PHASES,
+                      f"{s.dtype}, {_megatron_where(s, stage)}"
+                      + (", in host memory outside its stage" if offload else ""), offload),
+            _megatron_load_tensor("reference", s, shape),
+            *forward]
     if s.strategy == "fsdp2":  # sharded in model.dtype, without gradients or optimizer state
         b = s.dtype_bytes
         return [
@@ -1188,12 +1409,20 @@ def _reward_model(s: Setup, shape: ModelShape, rows: int) -> list[Component]:
 def _critic(s: Setup, shape: ModelShape) -> list[Component]:
     """The critic: its own training state, an update without checkpointing, a values forward."""
     rows, seq = s.critic_rows or 0, s.seq_len
-    per_token = activation_bytes_per_token(shape, s.dtype_bytes, False, seq, s.attention,
-                                           s.tensor_parallel)
-    state = _train_state("critic", shape.critic_parameters, shape.critic_root_parameters,
-                         _layer_unit(s, shape), s)
+    how = "all layers kept"
+    if s.strategy == "megatron":
+        per_token = megatron_activation_bytes_per_token(
+            shape, s.dtype_bytes, None, s.tensor_parallel, s.pipeline_parallel,
+            s.virtual_pipeline, seq, s.attention)
+        state = _megatron_state("critic", s, shape, critic=True)
+        how = _megatron_how(s, None)
+    else:
+        per_token = activation_bytes_per_token(shape, s.dtype_bytes, False, seq, s.attention,
+                                               s.tensor_parallel)
+        state = _train_state("critic", shape.critic_parameters, shape.critic_root_parameters,
+                             _layer_unit(s, shape), s)
     update = Component("critic activations", math.ceil(rows * seq / s.context_parallel) * per_token,
-                       ("backward",), f"{rows} rows x {seq} tokens{_shared(s)}, all layers kept")
+                       ("backward",), f"{rows} rows x {seq} tokens{_shared(s)}, {how}")
     ring = ([_ring_weights("critic", rows, s, shape)]
             if s.context_parallel > 1 and s.context_parallel_algo == "ring" else [])
     return [*state, update, *ring, *_forward("critic values", rows, s, shape, 1)]
@@ -1221,13 +1450,16 @@ def _changes(s: Setup) -> Iterable[tuple[str, dict[str, Any]]]:
     if s.rollout_engine == "vllm" and s.device_type != "cpu" and s.gpu_memory_utilization > 0.3:
         # vLLM's share is the rollout phase's largest part: a smaller KV cache is cheap
         yield "rollout.gpu_memory_utilization=0.3", {"gpu_memory_utilization": 0.3}
-    if not s.gradient_checkpointing:
+    if s.strategy == "megatron":
+        if s.recompute != "full":
+            yield "actor.recompute=full", {"recompute": "full"}
+    elif not s.gradient_checkpointing:
         yield "model.gradient_checkpointing=true", {"gradient_checkpointing": True}
     smaller = _one_row_micro_batches(s)
     if smaller:
         yield smaller
     texts, fields = [], {}
-    if sharded and not s.offload_param:
+    if sharded and not s.offload_param and s.strategy != "megatron":  # fsdp2's only
         texts.append("actor.offload.param=true")
         fields["offload_param"] = True
     if not s.offload_optimizer:
@@ -1315,6 +1547,8 @@ def format_table(p: MemoryPlan) -> str:
              f"{s.dtype}, actor.strategy={s.strategy} over {s.ranks} {_noun(s)}(s)"
              + (f", {s.context_parallel} to a sequence" if s.context_parallel > 1 else "")
              + (f", {s.tensor_parallel} to a layer" if s.tensor_parallel > 1 else "")
+             + (f", {s.pipeline_parallel} pipeline stages" if s.pipeline_parallel > 1 else "")
+             + (f" of {s.virtual_pipeline} chunks a device" if s.virtual_pipeline > 1 else "")
              + (f", experts split {s.expert_parallel} ways" if s.expert_parallel > 1 else ""),
              _row(f"{unit[0]} per device", [*PHASES, "host"])]
     for device in p.devices:  # with a rollout pool of its own: its devices' after the others'

@@ -4,6 +4,10 @@ but no engine implements yet are refused by the spec (`rl_core.spec.NOT_IMPLEMEN
 
     engine_class = training_engine("torch")        # rl_core.engines.train.TrainEngine
     engine_class = training_engine("fsdp2")        # rl_core.engines.fsdp.FSDP2Engine (sharded)
+    engine_class = training_engine("megatron")     # rl_core.engines.megatron.MegatronEngine
+
+The Megatron engine is built from the Hugging Face folder (`MegatronEngine.from_spec(folder,
+spec, total_steps)`), not from a loaded model: the roles build it themselves.
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ from rl_core.errors import InputError
 
 # name -> "module:class"; imported on first use (engines import torch and their backends)
 TRAINING_ENGINES = {"torch": "rl_core.engines.train:TrainEngine",
-                    "fsdp2": "rl_core.engines.fsdp:FSDP2Engine"}
+                    "fsdp2": "rl_core.engines.fsdp:FSDP2Engine",
+                    "megatron": "rl_core.engines.megatron:MegatronEngine"}
 
 
 def load_engine(table: dict[str, str], name: str, field: str) -> Any:

@@ -189,6 +189,21 @@ def vocab_parallel_logprobs(logits: Any, labels: torch.Tensor, temperature: floa
                                 with_entropy, chunk_bytes)
 
 
+def split_vocab_logprobs(local: torch.Tensor, labels: torch.Tensor, start: int, vocab: int,
+                         group: Any, temperature: float = 1.0, with_entropy: bool = False,
+                         chunk_bytes: int = LOGPROB_CHUNK_BYTES
+                         ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`vocab_parallel_logprobs` of plain tensors, as a vocabulary-parallel output layer of
+    Megatron-Core gives them: this rank's logits (B, T, P) of the tokens [start, start + P)
+    of a vocabulary padded past its `vocab` real tokens (the padding's logits, on the last
+    ranks, are left out of the softmax and get no gradient), over the ranks of `group`."""
+    real = max(0, min(local.shape[-1], vocab - start))
+    if real < local.shape[-1]:
+        local = local[..., :real]
+    return _VocabParallel.apply(local, labels, start, group, temperature, with_entropy,
+                                chunk_bytes)
+
+
 class _VocabParallel(torch.autograd.Function):
     """The autograd function of `vocab_parallel_logprobs` (local logits, labels, the part's
     first vocabulary index, the group, then as `chunked_logprobs`)."""

@@ -169,7 +169,7 @@ def split_rows(n_rows: int, micro_batch_size: int) -> list[list[int]]:
 
 
 @dataclass(frozen=True)
-class _Extents:
+class Extents:
     """Per row: first and last valid column and valid-token count (host lists: one sync)."""
 
     first: list[int]
@@ -177,7 +177,7 @@ class _Extents:
     lengths: list[int]
 
     @classmethod
-    def of(cls, attention_mask: torch.Tensor) -> _Extents:
+    def of(cls, attention_mask: torch.Tensor) -> Extents:
         valid = attention_mask.bool()  # (B, T)
         cols = torch.arange(valid.shape[1], device=valid.device).expand_as(valid)
         first = torch.where(valid, cols, valid.shape[1]).amin(1)  # (B,)
@@ -396,7 +396,7 @@ class TrainEngine:
         `images`: a vision-language model's image columns of the rows (pixel_values,
         image_grid_thw: `rl_core.models.vision.IMAGE_COLUMNS`).
         """
-        extents = _Extents.of(attention_mask)
+        extents = Extents.of(attention_mask)
         slices = self._slices(len(extents.lengths), extents, micro_batch_size, max_token_len)
         was_training = self.model.training
         if not grad:
@@ -405,10 +405,10 @@ class TrainEngine:
             with torch.set_grad_enabled(grad):
                 outs = [
                     self._forward(
-                        _take(input_ids, rows), _take(attention_mask, rows),
-                        _take(position_ids, rows), response_len, temperature, with_entropy,
+                        take_rows(input_ids, rows), take_rows(attention_mask, rows),
+                        take_rows(position_ids, rows), response_len, temperature, with_entropy,
                         extents, rows,
-                        images=(_take(images[0], rows), _take(images[1], rows))
+                        images=(take_rows(images[0], rows), take_rows(images[1], rows))
                         if images is not None else None,
                     )
                     for rows in (s or [0] for s in slices)  # None: padding (sharded)
@@ -417,8 +417,8 @@ class TrainEngine:
             self.model.train(was_training)
         real = [(out, rows) for out, rows in zip(outs, slices) if rows is not None]
         order = torch.tensor([i for _, rows in real for i in rows])
-        logprobs = _in_order(torch.cat([lp for (lp, _), _ in real]), order)
-        entropy = (_in_order(torch.cat([ent for (_, ent), _ in real]), order)
+        logprobs = in_order(torch.cat([lp for (lp, _), _ in real]), order)
+        entropy = (in_order(torch.cat([ent for (_, ent), _ in real]), order)
                    if with_entropy else None)
         return logprobs, entropy
 
@@ -430,7 +430,7 @@ class TrainEngine:
         response_len: int,
         temperature: float,
         with_entropy: bool,
-        extents: _Extents,
+        extents: Extents,
         rows: list[int],
         host_mask: torch.Tensor | None = None,
         images: tuple[torch.Tensor, torch.Tensor] | None = None,
@@ -513,7 +513,7 @@ class TrainEngine:
     def _slices(
         self,
         n_rows: int,
-        extents: _Extents,
+        extents: Extents,
         micro_batch_size: int | None,
         max_token_len: int | None,
     ) -> list[list[int] | None]:
@@ -529,22 +529,8 @@ class TrainEngine:
     def _even(self, slices: list[list[int]]) -> list[list[int] | None]:
         """As many micro-batches on this rank as on the rank with the most: FSDP2 gathers the
         parameters in every forward and reduces gradients in every backward on all ranks
-        together. A rank with fewer splits its widest micro-batches, then adds padding ones
-        (None: a forward and backward on one row that counts for nothing)."""
-        if not slices:
-            raise ValueError("a sharded engine needs at least one row on every rank: make the "
-                             "batch sizes divisible by the number of devices")
-        [count] = reduce_numbers([len(slices)], self.dp_group, dist.ReduceOp.MAX, self.device)
-        out: list[list[int] | None] = list(slices)
-        while len(out) < count:
-            widest = max(range(len(out)), key=lambda i: len(out[i]))
-            rows = out[widest]
-            if len(rows) < 2:
-                out += [None] * (count - len(out))
-                break
-            middle = len(rows) // 2
-            out[widest:widest + 1] = [rows[:middle], rows[middle:]]
-        return out
+        together (`even_micro_batches`)."""
+        return even_micro_batches(slices, self.dp_group, self.device)
 
     # ----------------------------------------------------------------------- update
 
@@ -577,10 +563,10 @@ class TrainEngine:
         if mode not in MICRO_SHARES:
             raise ValueError(f"unknown loss_agg_mode {mode!r}; choose one of {list(MICRO_SHARES)}")
         response_mask = batch["response_mask"]
-        extents = _Extents.of(batch["attention_mask"])
+        extents = Extents.of(batch["attention_mask"])
         slices = self._slices(response_mask.shape[0], extents, micro_batch_size, max_token_len)
         real = [rows for rows in slices if rows is not None]
-        shares, metric_shares = _shares(response_mask, real, mode)
+        shares, metric_shares = micro_shares(response_mask, real, mode)
         shares += [0.0] * (len(slices) - len(real))  # padding micro-batches (sharded) count 0
         metric_shares += [0.0] * (len(slices) - len(real))
         if self.dp_group is not None:
@@ -595,11 +581,11 @@ class TrainEngine:
         try:
             for rows, share, metric_share in zip(slices, shares, metric_shares):
                 padding, rows = rows is None, rows or [0]
-                micro = {k: _to(_take(v, rows), self.device) for k, v in batch.items()}
+                micro = {k: _to(take_rows(v, rows), self.device) for k, v in batch.items()}
                 logprobs, entropy = self._forward(
                     micro["input_ids"], micro["attention_mask"], micro["position_ids"],
                     response_mask.shape[1], temperature, with_entropy, extents, rows,
-                    _take(batch["attention_mask"], rows),
+                    take_rows(batch["attention_mask"], rows),
                     images=(micro["pixel_values"], micro["image_grid_thw"])
                     if "pixel_values" in micro else None,
                 )
@@ -847,7 +833,29 @@ def tensor_part(tensor: Any) -> torch.Tensor:
     return tensor.redistribute(placements=placements).to_local()
 
 
-def _shares(
+def even_micro_batches(slices: list[list[int]], group: Any,
+                       device: torch.device) -> list[list[int] | None]:
+    """As many micro-batches on this rank as on the rank of `group` with the most (an engine
+    whose every forward and backward is a collective of the group). A rank with fewer splits
+    its widest micro-batches, then adds padding ones (None: a forward and backward on one row
+    that counts for nothing)."""
+    if not slices:
+        raise ValueError("a sharded engine needs at least one row on every rank: make the "
+                         "batch sizes divisible by the number of devices")
+    [count] = reduce_numbers([len(slices)], group, dist.ReduceOp.MAX, device)
+    out: list[list[int] | None] = list(slices)
+    while len(out) < count:
+        widest = max(range(len(out)), key=lambda i: len(out[i]))
+        rows = out[widest]
+        if len(rows) < 2:
+            out += [None] * (count - len(out))
+            break
+        middle = len(rows) // 2
+        out[widest:widest + 1] = [rows[:middle], rows[middle:]]
+    return out
+
+
+def micro_shares(
     response_mask: torch.Tensor, slices: list[list[int]], mode: str
 ) -> tuple[list[float], list[float]]:
     """Loss and metric weights of each micro-batch; they sum to 1 (loss: all 1 for `sum`)."""
@@ -856,7 +864,7 @@ def _shares(
     count = MICRO_SHARES[mode]
     if count is None:
         return [1.0] * len(slices), by_rows
-    counts = [float(count(_take(response_mask, s))) for s in slices]
+    counts = [float(count(take_rows(response_mask, s))) for s in slices]
     total = sum(counts)
     if total == 0:  # no valid token anywhere: every loss is 0, weigh by rows
         return by_rows, by_rows
@@ -864,7 +872,7 @@ def _shares(
     return shares, shares
 
 
-def _take(value: Any, rows: list[int]) -> Any:
+def take_rows(value: Any, rows: list[int]) -> Any:
     """The rows `rows` of a tensor (a slice when they run consecutively: no copy)."""
     if not isinstance(value, torch.Tensor):
         return [value[i] for i in rows]
@@ -873,7 +881,7 @@ def _take(value: Any, rows: list[int]) -> Any:
     return value[torch.tensor(rows, device=value.device)]
 
 
-def _in_order(values: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+def in_order(values: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
     """Rows computed in `order` (micro-batch after micro-batch) back in the batch's order."""
     if torch.equal(order, torch.arange(len(order))):
         return values

@@ -70,6 +70,9 @@ class SFTTrainer:
                                       epochs=None if spec.trainer.total_steps else spec.trainer.total_epochs,
                                       shuffle=spec.data.shuffle, seed=spec.seed)
         self.total_steps = spec.trainer.total_steps or self.loader.total_steps
+        if spec.actor.strategy == "megatron":
+            raise InputError("actor.strategy: the SFT recipe trains in one process, with torch "
+                             "or fsdp2; megatron trains the RL algorithms")
         self.engine = training_engine(spec.actor.strategy).from_spec(
             self.model, spec.actor, self.total_steps, spec.model.dtype, device)
         self.rollout = rollout_engine("native").from_spec(self.model, self.tokenizer, spec, device)

@@ -77,18 +77,29 @@ def role_mesh(role: Any):
                                role.expert_parallel)
 
 
-def join_layout(role: Any, spec: RunSpec, model: Any) -> None:
+def join_layout(role: Any, spec: RunSpec, config: Any) -> None:
     """Set a role's context-, tensor- and expert-parallel sizes from `spec`, refusing (naming
-    the field) a model whose heads, widths or experts the groups cannot share."""
+    the field) a model (its `config`) whose heads, widths, layers or experts the groups
+    cannot share."""
     p = spec.parallel
     role.context_parallel, role.tensor_parallel = p.context_parallel_size, p.tensor_parallel_size
     role.expert_parallel = p.expert_parallel_size
-    for field, message in model_violations(spec, num_experts(model.config),
-                                           getattr(model.config, "model_type", "")):
+    for field, message in model_violations(spec, num_experts(config),
+                                           getattr(config, "model_type", ""), layout=config):
         raise InputError(f"{field}: {message}")
-    check_tensor_parallel(model.config, role.tensor_parallel)
-    check_heads(model.config, role.context_parallel, p.context_parallel_algo,
+    check_tensor_parallel(config, role.tensor_parallel)
+    check_heads(config, role.context_parallel, p.context_parallel_algo,
                 tensor=role.tensor_parallel)
+
+
+def megatron_folder(spec: RunSpec, path: str | None = None) -> str:
+    """The Hugging Face folder a Megatron engine converts (`model.path` or `path`, a preset
+    resolved), once the `megatron` extra is known to be installed."""
+    from rl_core.engines.mcore import require_megatron
+    from rl_core.models.loading import resolve_model_path
+
+    require_megatron()
+    return str(resolve_model_path(path or spec.model.path))
 
 
 def host_copy(state: Any) -> Any:
@@ -142,12 +153,13 @@ def sequence_logprobs(model, columns: Mapping[str, torch.Tensor], temperature: f
 
 
 class TrainedRole(Worker):
-    """A role with a training engine: the plain one at once, or (`actor.strategy: fsdp2`) a
-    sharded one built once the role's process group exists (a one-rank group when alone)."""
+    """A role with a training engine: the plain one at once, or (`actor.strategy: fsdp2`,
+    `megatron`) a sharded one built once the role's process group exists (a one-rank group
+    when alone)."""
 
-    def start_engine(self, spec: RunSpec) -> None:
-        self.sharded = spec.actor.strategy == "fsdp2"
-        join_layout(self, spec, self.model)
+    def start_engine(self, spec: RunSpec, config: Any = None) -> None:
+        self.sharded = spec.actor.strategy != "torch"
+        join_layout(self, spec, config if config is not None else self.model.config)
         self.engine = None
         if not self.sharded:
             self.engine = self.plain_engine()
@@ -155,7 +167,9 @@ class TrainedRole(Worker):
             self.init_alone(role_backend(spec))
 
     def on_distributed(self) -> None:
-        if self.sharded:
+        if self.spec.actor.strategy == "megatron":  # Megatron's groups over the role's ranks
+            self.engine = self.megatron_engine()
+        elif self.sharded:
             self.engine = self.sharded_engine(role_mesh(self))
         else:
             self.engine.dp_group, self.engine.cp_group = self.dp_group, self.cp_group
@@ -171,6 +185,9 @@ class TrainedRole(Worker):
         raise NotImplementedError
 
     def sharded_engine(self, mesh: Any) -> Any:
+        raise NotImplementedError
+
+    def megatron_engine(self) -> Any:
         raise NotImplementedError
 
 
@@ -203,7 +220,7 @@ class ActorWorker(TrainedRole):
             # shards and of the saved folder: it waits in host memory (split for a rollout
             # group, it reaches the device as this rank's part only)
             home = self.device
-            if spec.actor.strategy == "fsdp2" and (spec.rollout.engine != "native" or size > 1
+            if spec.actor.strategy != "torch" and (spec.rollout.engine != "native" or size > 1
                                                    or not spec.parallel.colocate_actor_rollout):
                 home = torch.device("cpu")
             model, tokenizer = load_policy(spec, model_path, home)
@@ -219,7 +236,7 @@ class ActorWorker(TrainedRole):
         # parked in host memory while the training engine computes
         if spec.rollout.engine == "native" and size == 1 and not self.pooled:
             self.rollout = rollout_engine("native").from_spec(
-                self.model, tokenizer, spec, self.device, park=spec.actor.strategy == "fsdp2")
+                self.model, tokenizer, spec, self.device, park=spec.actor.strategy != "torch")
         self.loss_fn = policy_loss_fn(spec, self.sampling)
         self.start_engine(spec)
         if self.rollout is None and self.world_size == 1 and self.engine is not None \
@@ -254,6 +271,14 @@ class ActorWorker(TrainedRole):
             source, _ = load_policy(self.spec, self.model_path, torch.device("cpu"))
         return training_engine("fsdp2").from_spec(
             source, self.spec.actor, self.total_steps, self.spec.model.dtype, mesh, **self.groups)
+
+    def megatron_engine(self) -> Any:
+        # Megatron-Core's chunks convert the folder's weights themselves; the full model
+        # loaded here is the native rollout's copy (or the template of the saved folder)
+        from rl_core.engines.megatron import MegatronEngine
+
+        return MegatronEngine.from_spec(megatron_folder(self.spec, self.model_path), self.spec,
+                                        self.total_steps)
 
     # ----------------------------------------------------------------------- rollout
 
@@ -639,19 +664,35 @@ class ReferenceWorker(Worker):
         self.spec = spec
         self.device = role_device(spec, device)
         seed_everything(spec.seed, spec.trainer.deterministic)  # its own process on Ray
-        self.sharded = spec.actor.strategy == "fsdp2"
+        self.sharded = spec.actor.strategy != "torch"
         self.offload = spec.reference.offload and self.device.type != "cpu"
         home = torch.device("cpu") if self.offload or self.sharded else self.device
+        self.temperature = temperature_of(sampling)
+        if spec.actor.strategy == "megatron":  # Megatron's chunks load the folder themselves
+            from transformers import AutoConfig
+
+            self.model = None
+            join_layout(self, spec, AutoConfig.from_pretrained(megatron_folder(spec)))
+            self.engine = None
+            if world_size == 1:
+                self.init_alone(role_backend(spec))
+            return
         if model is None:
             model, _ = load_policy(spec, spec.model.path, home)
         self.model = model.to(home).eval().requires_grad_(False)
-        self.temperature = temperature_of(sampling)
-        join_layout(self, spec, self.model)
+        join_layout(self, spec, self.model.config)
         self.engine = None
         if self.sharded and world_size == 1:
             self.init_alone(role_backend(spec))
 
     def on_distributed(self) -> None:
+        if self.spec.actor.strategy == "megatron":
+            from rl_core.engines.megatron import MegatronEngine
+
+            self.engine = MegatronEngine.frozen(megatron_folder(self.spec), self.spec)
+            if self.offload:  # in host memory outside its stage
+                self.engine.offload()
+            return
         groups = context_options(self)
         if not self.sharded:
             if groups:  # a forward over the group's shares: an engine of its own
@@ -671,6 +712,13 @@ class ReferenceWorker(Worker):
 
     @contextlib.contextmanager
     def _on_device(self) -> Iterator[None]:
+        if self.offload and self.spec.actor.strategy == "megatron":
+            self.engine.reload()
+            try:
+                yield
+            finally:
+                self.engine.offload()
+            return
         if not self.offload or self.sharded:  # sharded: FSDP2 brings each layer over in turn
             yield
             return
@@ -806,6 +854,17 @@ class CriticWorker(TrainedRole):
         self.device = role_device(spec, device)
         seed_everything(spec.seed, spec.trainer.deterministic)
         path = resolve_model_path(model_path or spec.critic.model_path or spec.model.path)
+        critic = spec.critic
+        if spec.actor.strategy == "megatron":  # Megatron's chunks load the folder themselves
+            self.folder, self.model = megatron_folder(spec, str(path)), None
+            self.options = {
+                "lr": critic.lr, "weight_decay": spec.actor.weight_decay,
+                "warmup_steps": critic.warmup_steps, "total_steps": total_steps,
+                "grad_clip": spec.actor.grad_clip,
+                "micro_batch_size": critic.ppo_micro_batch_size, "loss_agg_mode": "token-mean",
+                "metric_prefix": "critic/", **batch_options(spec.actor)}
+            self.start_engine(spec, AutoConfig.from_pretrained(self.folder))
+            return
         verbosity = hf_logging.get_verbosity()
         hf_logging.set_verbosity_error()  # the new value head is expected, not worth a warning
         try:
@@ -819,7 +878,6 @@ class CriticWorker(TrainedRole):
                 dtype=torch.float32)
         finally:
             hf_logging.set_verbosity(verbosity)
-        critic = spec.critic
         self.options = {
             "head": ValueHead(), "lr": critic.lr, "weight_decay": spec.actor.weight_decay,
             "warmup_steps": critic.warmup_steps, "lr_scheduler": "constant",
@@ -841,6 +899,17 @@ class CriticWorker(TrainedRole):
         engine = FSDP2Engine(self.model, mesh=mesh, **self.options, **self.groups)
         self.model = engine.model
         return engine
+
+    def megatron_engine(self) -> Any:
+        from rl_core.engines.mcore import MegatronLayout
+        from rl_core.engines.megatron import MegatronEngine, recompute_config
+
+        spec = self.spec
+        return MegatronEngine(
+            self.folder, layout=MegatronLayout.of(spec), param_dtype=spec.model.dtype,
+            value=True, seed=spec.seed, recompute=recompute_config(
+                spec.actor.recompute, spec.model.gradient_checkpointing),
+            **self.options)
 
     def compute(self, stage: str, chunk: Any) -> dict[str, Any]:
         if stage != "values":
@@ -882,7 +951,9 @@ class CriticWorker(TrainedRole):
         if self.sharded:
             self.engine.save_sharded(Path(path).parent / SHARDED_DIRS["critic"])
             state = self.engine.full_state_dict()
-        if self.rank == 0:
+        if self.rank == 0 and self.model is None:  # megatron: no template model to save from
+            save_value_model(self.folder, state, path)
+        elif self.rank == 0:
             self.model.save_pretrained(path, safe_serialization=True, state_dict=state)
 
     def state(self) -> dict[str, Any]:
@@ -892,3 +963,18 @@ class CriticWorker(TrainedRole):
         self.engine.load_state_dict(state["engine"])
         if self.sharded:
             self.engine.load_sharded(Path(state["checkpoint"]) / SHARDED_DIRS["critic"])
+
+
+def save_value_model(source: str, state: Mapping[str, torch.Tensor], path: str) -> None:
+    """A value model as a Hugging Face token classifier with one label: the weights `state`
+    (the body's and `score.weight`) and the config of the policy folder `source`."""
+    from safetensors.torch import save_file
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(source, num_labels=1)
+    config.classifier_dropout = 0.0  # values a function of the weights (as the critic loads)
+    config.architectures = [f"{type(config).__name__.removesuffix('Config')}ForTokenClassification"]
+    Path(path).mkdir(parents=True, exist_ok=True)
+    config.save_pretrained(path)
+    save_file({name: t.contiguous() for name, t in state.items()},
+              str(Path(path) / "model.safetensors"), metadata={"format": "pt"})

@@ -108,6 +108,18 @@ class RunSpec(Strict):
         return (self.parallel.data_parallel_size
                 or self.training_devices // self.model_parallel_size)
 
+    def data_rank(self, rank: int) -> int:
+        """The data-parallel index of training rank `rank`: which share of the rows it holds.
+        The ranks of a tensor- × context- × pipeline-parallel block hold the same rows: blocks
+        of consecutive ranks, but with actor.strategy: megatron, whose order is tensor, context,
+        data, pipeline (a pipeline's stages lie data_parallel_size blocks apart), the ranks of
+        each stage's tensor × context block."""
+        p = self.parallel
+        if self.actor.strategy == "megatron":
+            return (rank // (p.tensor_parallel_size * p.context_parallel_size)
+                    ) % self.data_parallel_size
+        return rank // self.model_parallel_size
+
     def device_request(self) -> dict[str, Any]:
         """What the scheduler must find for this run."""
         return {

@@ -24,9 +24,7 @@ if TYPE_CHECKING:  # RunSpec checks itself with these rules
 # the only values accepted today. A spec that sets another value is refused at that field before
 # the cross-field rules run; the reference and the JSON Schema mark each of these fields. An
 # entry goes when its feature lands.
-NOT_IMPLEMENTED: dict[str, tuple[Any, ...]] = {
-    "parallel.pipeline_parallel_size": (1,),
-}
+NOT_IMPLEMENTED: dict[str, tuple[Any, ...]] = {}
 
 
 def not_implemented_note(path: str) -> str | None:
@@ -433,11 +431,59 @@ def _rule_offload(s: RunSpec) -> Iterator[Violation]:
 
 
 def _rule_master_weights(s: RunSpec) -> Iterator[Violation]:
-    """Pure bfloat16 (no float32 masters) is the plain engine's choice; fsdp2 has masters."""
-    if not s.actor.master_weights and s.actor.strategy == "fsdp2":
-        yield ("actor.master_weights", "fsdp2 always keeps float32 master weights (its shards "
-               "are float32, computing in model.dtype): set it to true, or use "
-               "actor.strategy=torch for pure bfloat16")
+    """Pure bfloat16 (no float32 masters) is the plain engine's choice; fsdp2 and megatron
+    have masters."""
+    strategy = s.actor.strategy
+    if not s.actor.master_weights and strategy != "torch":
+        yield ("actor.master_weights", f"{strategy} always keeps float32 master weights "
+               "(computing in model.dtype): set it to true, or use actor.strategy=torch for "
+               "pure bfloat16")
+
+
+# What the Megatron engine trains: the RL recipe's roles (not DPO's pairs, not images)
+MEGATRON_ALGORITHMS = ("grpo", "dapo", "ppo")
+
+
+def _rule_megatron(s: RunSpec) -> Iterator[Violation]:
+    """`actor.strategy: megatron` trains on gpu or npu devices (Megatron-Core's layers need an
+    accelerator) the RL algorithms' text models, without context parallelism, a balancing
+    loss or `parallel.resharding: none`; pipeline parallelism and `actor.recompute` are its
+    own; virtual stages need a pipeline. Whether the `megatron` extra is installed is checked
+    where the run starts."""
+    p, strategy = s.parallel, s.actor.strategy
+    if strategy != "megatron":
+        if p.pipeline_parallel_size > 1:
+            yield ("parallel.pipeline_parallel_size",
+                   f"{p.pipeline_parallel_size} cuts the layers into pipeline stages, which the "
+                   "megatron engine trains: set actor.strategy: megatron, or "
+                   "pipeline_parallel_size: 1")
+        if s.actor.recompute is not None:
+            yield ("actor.recompute", "is Megatron's activation recomputation: set "
+                   "actor.strategy: megatron, or use model.gradient_checkpointing")
+    else:
+        if s.resources.device_type == "cpu":
+            yield ("actor.strategy", "megatron needs gpu or npu devices (Megatron-Core's layers "
+                   "run on an accelerator only): set resources.device_type, or use "
+                   "actor.strategy: fsdp2 on cpu")
+        if s.algorithm not in MEGATRON_ALGORITHMS:
+            yield ("actor.strategy", f"megatron trains {', '.join(MEGATRON_ALGORITHMS)}; "
+                   f"{s.algorithm} trains with fsdp2 or torch")
+        if p.context_parallel_size > 1:
+            yield ("parallel.context_parallel_size",
+                   f"{p.context_parallel_size}: the megatron engine does not split sequences "
+                   "yet: set it to 1, or use actor.strategy: fsdp2 for context parallelism")
+        if p.resharding == "none":
+            yield ("parallel.resharding", "none sends the training layout's parts as they "
+                   "are, which the megatron engine does not: set it to auto (each weight "
+                   "goes whole, one at a time)")
+        if s.actor.router_aux_loss_coef:
+            yield ("actor.router_aux_loss_coef",
+                   f"{s.actor.router_aux_loss_coef}: the megatron engine trains the routers "
+                   "without a balancing loss (as RL runs do): leave it unset or 0")
+    if p.virtual_pipeline_parallel_size > 1 and p.pipeline_parallel_size == 1:
+        yield ("parallel.virtual_pipeline_parallel_size",
+               f"{p.virtual_pipeline_parallel_size} stages per device interleave a pipeline: set "
+               "parallel.pipeline_parallel_size above 1, or virtual_pipeline_parallel_size: 1")
 
 
 def planned_engine(spec: RunSpec) -> str:
@@ -461,28 +507,37 @@ def _rule_context_parallel(s: RunSpec) -> Iterator[Violation]:
 
 
 def _rule_tensor_parallel(s: RunSpec) -> Iterator[Violation]:
-    """Tensor parallelism splits the model's matrices as DTensors, which the FSDP2 engine
-    trains: it needs `actor.strategy: fsdp2`."""
+    """Tensor parallelism splits the model's matrices (as DTensors under FSDP2, or Megatron's
+    own layers): it needs `actor.strategy: fsdp2` or `megatron`."""
     size = s.parallel.tensor_parallel_size
-    if size > 1 and s.actor.strategy != "fsdp2":
+    if size > 1 and s.actor.strategy == "torch":
         yield ("parallel.tensor_parallel_size",
-               f"{size} splits the model's matrices over {size} devices, which the fsdp2 engine "
-               f"trains: set actor.strategy: fsdp2, or tensor_parallel_size: 1")
+               f"{size} splits the model's matrices over {size} devices, which the fsdp2 and "
+               f"megatron engines train: set actor.strategy: fsdp2, or tensor_parallel_size: 1")
 
 
 def _rule_expert_parallel(s: RunSpec) -> Iterator[Violation]:
     """Expert parallelism splits the experts as DTensors under FSDP2 (`actor.strategy:
     fsdp2`), over blocks of data-parallel devices (the data-parallel size divides by it), not
-    beside tensor or context parallelism. Whether the model has experts, and how many, is
-    checked when it loads."""
+    beside tensor or context parallelism; or Megatron's experts (`megatron`), over blocks of
+    the data- and context-parallel devices, beside any other layout. Whether the model has
+    experts, and how many, is checked when it loads."""
     p = s.parallel
     size = p.expert_parallel_size
     if size == 1:
         return
-    if s.actor.strategy != "fsdp2":
+    if s.actor.strategy == "torch":
         yield ("parallel.expert_parallel_size",
                f"{size} splits the experts over {size} devices as FSDP2 shards: set "
                "actor.strategy: fsdp2, or expert_parallel_size: 1")
+    if s.actor.strategy == "megatron":  # Megatron's expert blocks: of the dp × cp devices
+        span = s.data_parallel_size * p.context_parallel_size
+        if span >= 1 and span % size:
+            yield ("parallel.expert_parallel_size",
+                   f"{size} does not divide the {span} data- and context-parallel devices "
+                   f"(data_parallel_size × context_parallel_size) whose blocks split the "
+                   f"experts: use a divisor of {span}")
+        return
     for other in ("tensor_parallel_size", "context_parallel_size", "pipeline_parallel_size"):
         if getattr(p, other) > 1:
             yield ("parallel.expert_parallel_size",
@@ -522,6 +577,7 @@ def _rule_images(s: RunSpec) -> Iterator[Violation]:
         ("parallel.tensor_parallel_size", s.parallel.tensor_parallel_size > 1, "set it to 1"),
         ("parallel.context_parallel_size", s.parallel.context_parallel_size > 1, "set it to 1"),
         ("parallel.expert_parallel_size", s.parallel.expert_parallel_size > 1, "set it to 1"),
+        ("actor.strategy", s.actor.strategy == "megatron", "use fsdp2 or torch"),
         ("rollout.engine", planned_engine(s) == "vllm",
          "vLLM is not given the images yet: set rollout.engine: native"),
         ("rollout.tensor_parallel_size", s.rollout.tensor_parallel_size > 1, "set it to 1"),
@@ -539,16 +595,22 @@ def _rule_images(s: RunSpec) -> Iterator[Violation]:
             yield field, f"not supported with {what}: {fix}"
 
 
-def model_violations(s: RunSpec, experts: int, model_type: str = "") -> list[Violation]:
+def model_violations(s: RunSpec, experts: int, model_type: str = "",
+                     layout: Any = None) -> list[Violation]:
     """What a spec asks of its model that the model cannot give, once its number of routed
     experts and its type are known (from its config.json or a tiny preset): images need a
     vision-language model; expert parallelism and
     the balancing loss need experts (as many as the expert-parallel size divides); a mixture of
-    experts trains without tensor and context parallelism, and generates whole on each device
-    (no native rollout group, whose fast decoder splits dense layers only; no vLLM
-    tensor-parallel group, whose sync is verified for dense models only)."""
+    experts trains without tensor and context parallelism (but with megatron), and generates
+    whole on each device (no native rollout group, whose fast decoder splits dense layers
+    only; no vLLM tensor-parallel group, whose sync is verified for dense models only).
+    `layout`: the model's config (config.json's names: num_hidden_layers,
+    num_attention_heads, num_key_value_heads), for the megatron engine's split of layers over
+    pipeline stages and of heads over tensor-parallel devices."""
     p, out = s.parallel, []
     what = f" ({model_type})" if model_type else ""
+    if s.actor.strategy == "megatron" and layout is not None:
+        out += megatron_violations(s, layout, what)
     if has_images(s) and model_type not in VISION_MODEL_TYPES:
         out.append(("model.path", f"the prompts have images and the model{what} reads text "
                     f"only: point it at a vision-language model ({', '.join(VISION_MODEL_TYPES)}"
@@ -570,7 +632,7 @@ def model_violations(s: RunSpec, experts: int, model_type: str = "") -> list[Vio
     moe = f"a mixture of experts{what}"
     for field, size in (("parallel.tensor_parallel_size", p.tensor_parallel_size),
                         ("parallel.context_parallel_size", p.context_parallel_size)):
-        if size > 1:
+        if size > 1 and s.actor.strategy != "megatron":
             out.append((field, f"{size} is not supported for {moe}: set it to 1 and split "
                         "the experts with parallel.expert_parallel_size"))
     if s.rollout.tensor_parallel_size > 1:
@@ -580,6 +642,37 @@ def model_violations(s: RunSpec, experts: int, model_type: str = "") -> list[Vio
         out.append(("rollout.tensor_parallel_size",
                     f"{s.rollout.tensor_parallel_size}: {how}, and {moe} generates whole on "
                     "each device: set it to 1"))
+    return out
+
+
+def megatron_violations(s: RunSpec, config: Any, what: str = "") -> list[Violation]:
+    """The megatron engine's layout against the model (`config`: config.json's names): the
+    layers divide into pipeline_parallel_size × virtual_pipeline_parallel_size stages of
+    equal length, the attention and key/value heads over the tensor-parallel devices; tied
+    embeddings stay on one stage."""
+    p, out = s.parallel, []
+    layers = getattr(config, "num_hidden_layers", 0) or 0
+    stages = p.pipeline_parallel_size * p.virtual_pipeline_parallel_size
+    if layers and layers % stages:
+        field = ("parallel.virtual_pipeline_parallel_size"
+                 if p.virtual_pipeline_parallel_size > 1 else "parallel.pipeline_parallel_size")
+        out.append((field, f"the model{what}'s {layers} decoder layers do not divide into "
+                    f"{stages} pipeline stages (pipeline_parallel_size × "
+                    f"virtual_pipeline_parallel_size): pick sizes whose product divides {layers}"))
+    if p.pipeline_parallel_size > 1 and getattr(config, "tie_word_embeddings", False):
+        out.append(("parallel.pipeline_parallel_size",
+                    f"{p.pipeline_parallel_size}: the model{what} ties its input and output "
+                    "embeddings, which Megatron keeps on the first and the last stage, and its "
+                    "distributed optimizer's checkpoint of the pair does not resume exactly: "
+                    "set it to 1 (tied models are small), or use actor.strategy: fsdp2"))
+    size = p.tensor_parallel_size
+    for name, what_heads in (("num_attention_heads", "attention heads"),
+                             ("num_key_value_heads", "key/value heads")):
+        count = getattr(config, name, 0) or 0
+        if size > 1 and count and count % size:
+            out.append(("parallel.tensor_parallel_size",
+                        f"{size} does not divide the model{what}'s {count} {what_heads} (each "
+                        f"device computes an equal share of them): pick a divisor of {count}"))
     return out
 
 
@@ -678,6 +771,7 @@ RULES: tuple[Callable[[RunSpec], Iterator[Violation]], ...] = (
     _rule_trainer,
     _rule_offload,
     _rule_master_weights,
+    _rule_megatron,
     _rule_context_parallel,
     _rule_tensor_parallel,
     _rule_expert_parallel,

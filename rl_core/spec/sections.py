@@ -232,21 +232,32 @@ class OffloadConfig(Strict):
 class ActorConfig(Strict):
     """The policy update: optimizer, PPO-style clipped loss, KL loss and batching."""
 
-    strategy: Literal["torch", "fsdp2"] = Field(
+    strategy: Literal["torch", "fsdp2", "megatron"] = Field(
         "torch",
         description="Training engine: `torch` is the plain PyTorch engine, one full copy of the "
         "model, gradients and optimizer state per data-parallel rank; `fsdp2` shards them over "
         "the ranks with PyTorch FSDP2 (float32 master weights, compute in `model.dtype`; the "
         "rollout keeps a full copy synced after every update; the critic is sharded the same "
         "way and the reference without optimizer state; checkpoints are sharded with "
-        "torch.distributed.checkpoint).",
+        "torch.distributed.checkpoint); `megatron` trains with Megatron-Core (tensor, "
+        "pipeline, context and expert parallelism from `parallel`, its distributed optimizer, "
+        "the model converted from the Hugging Face folder by mbridge; the `megatron` extra, "
+        "on gpu or npu devices).",
+    )
+    recompute: Literal["full", "selective"] | None = Field(
+        None,
+        description="With `actor.strategy: megatron`: Megatron's activation recomputation. "
+        "`full` keeps each decoder layer's input and recomputes the layer in backward; "
+        "`selective` recomputes the attention core only. Null follows "
+        "model.gradient_checkpointing (full when it is on).",
     )
     router_aux_loss_coef: float | None = Field(
         None, ge=0, le=1,
         description="A mixture of experts: the weight of the routers' load-balancing loss "
         "(Switch Transformer's, over each micro-batch's valid tokens and all MoE layers) added "
         "to the actor's loss; null takes the model config's (0.001 for Qwen3-MoE), 0 turns it "
-        "off. Refused for a dense model.",
+        "off. Refused for a dense model. With actor.strategy: megatron the routers train "
+        "without it (null means off; another value is refused).",
     )
     master_weights: bool = Field(
         True,
@@ -504,16 +515,27 @@ class ParallelConfig(Strict):
         le=MAX_PARALLEL,
         description="Training tensor-parallel size: each decoder layer's matrices, the "
         "embedding and the LM head are split over this many devices, which hold the same rows "
-        "(needs actor.strategy: fsdp2, which shards over the rest; attention heads, key/value "
-        "heads and the MLP width divisible by it).",
+        "(needs actor.strategy: fsdp2, which shards over the rest, or megatron; attention heads, "
+        "key/value heads and the MLP width divisible by it).",
     )
     pipeline_parallel_size: int = Field(
-        1, gt=0, le=MAX_PARALLEL, description="Training pipeline-parallel size.")
+        1, gt=0, le=MAX_PARALLEL,
+        description="Training pipeline-parallel size (actor.strategy: megatron): the decoder "
+        "layers are cut into this many consecutive stages, one per device of a pipeline, and "
+        "micro-batches flow through them (1F1B); the number of layers divides by it (times "
+        "virtual_pipeline_parallel_size).")
+    virtual_pipeline_parallel_size: int = Field(
+        1, gt=0, le=MAX_PARALLEL,
+        description="With pipeline_parallel_size > 1: stages per device (Megatron's "
+        "interleaved schedule): each device holds this many non-adjacent chunks of layers, "
+        "which shrinks the pipeline's idle time by as much; a step's micro-batches are made a "
+        "multiple of pipeline_parallel_size (with empty ones that count for nothing).")
     expert_parallel_size: int = Field(
         1,
         gt=0,
         le=MAX_PARALLEL,
-        description="Expert-parallel size (a mixture of experts, with actor.strategy: fsdp2): "
+        description="Expert-parallel size (a mixture of experts, with actor.strategy: fsdp2 or "
+        "megatron): "
         "blocks of this many devices split every layer's experts, each device holding 1/size "
         "of them; tokens go to their experts' devices and back by all-to-all. The devices keep "
         "their own rows (it divides the data-parallel devices, not the others); the number of "

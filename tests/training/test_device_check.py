@@ -26,7 +26,7 @@ def test_every_line_of_the_device_check_passes_on_the_cpu(tmp_path):
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     lines = json.loads(out.read_text())
     assert list(lines) == ["collectives", "fsdp2", "packing", "masters", "logprobs", "mfu",
-                           "rollout", "moe", "vision", "demo"]
+                           "rollout", "moe", "vision", "megatron", "demo"]
     for name, line in lines.items():
         assert line.get("ok") or "skip" in line, (name, line)
     assert "skip" not in lines["collectives"] and lines["collectives"]["backend"] == "gloo"
@@ -34,5 +34,7 @@ def test_every_line_of_the_device_check_passes_on_the_cpu(tmp_path):
     assert lines["packing"]["max_logprob_diff"] <= 1e-4
     assert lines["moe"]["grouped_rel_diff"] <= 1e-4 and lines["moe"]["aux_loss"] > 0
     assert lines["vision"]["max_logprob_diff"] <= 1e-4
+    # the megatron extra is installed for the tests: its weights' round trip runs here
+    assert lines["megatron"]["ok"] and lines["megatron"]["tensors"] > 0
     assert len(lines["demo"]["val_accuracy"]) >= 2  # validated before and during the run
     assert "| demo | ok |" in result.stdout  # the table

@@ -70,8 +70,13 @@ def test_two_expert_parallel_ranks_on_ray_equal_one_rank_in_process(tmp_path, ti
 
     for left, right in zip(one, two):
         assert "actor/moe/load_max" in right
-        assert comparable(left) == pytest.approx(comparable(right), rel=1e-4, abs=3e-6), \
-            left["step"]
+        left, right = comparable(left), comparable(right)
+        # ppo_kl is a mean of differences of log-probs near -5 that agree to ~1e-5: float32
+        # sums in another order (two ranks, the all-to-all) move it by several 1e-6, more with
+        # AVX2 kernels than AVX-512 ones; every other figure holds to 3e-6
+        kl = [m.pop("actor/ppo_kl") for m in (left, right)]
+        assert kl[0] == pytest.approx(kl[1], abs=1e-5), left["step"]
+        assert left == pytest.approx(right, rel=1e-4, abs=3e-6), left["step"]
 
 
 def test_vllm_serves_the_mixture_of_experts_the_trainer_syncs(tiny_cache):

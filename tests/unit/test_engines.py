@@ -26,9 +26,11 @@ def tiny():
 
 def test_engines_are_chosen_by_the_names_the_spec_uses():
     assert training_engine("torch") is TrainEngine
+    assert training_engine("megatron").__name__ == "MegatronEngine"
     assert rollout_engine("native") is NativeRolloutEngine
-    with pytest.raises(InputError, match="actor.strategy: no engine named 'megatron'; choose one of torch"):
-        training_engine("megatron")
+    with pytest.raises(InputError, match="actor.strategy: no engine named 'deepspeed'; "
+                                         "choose one of torch, fsdp2, megatron"):
+        training_engine("deepspeed")
     with pytest.raises(InputError, match="rollout.engine: no engine named 'sglang'"):
         rollout_engine("sglang")
 

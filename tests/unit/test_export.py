@@ -39,3 +39,16 @@ def test_an_occupied_folder_and_an_unknown_dtype_are_refused(folder, tmp_path):
         export_checkpoint(folder, tmp_path / "out", dtype="fp8")
     with pytest.raises(InputError, match="no such folder"):
         export_checkpoint(tmp_path / "missing", tmp_path / "out")
+
+
+def test_a_megatron_checkpoint_exports_its_hugging_face_weights(folder, tmp_path):
+    # Megatron's distributed checkpoint beside them is its engine's to read: left alone
+    (folder / "spec.yaml").write_text("actor:\n  strategy: megatron\nmodel:\n  dtype: bfloat16\n")
+    (folder / "dcp" / "actor").mkdir(parents=True)
+    (folder / "dcp" / "actor" / ".metadata").write_bytes(b"Megatron's, not a model's")
+    done = export_checkpoint(folder, tmp_path / "out")
+    assert (done["dtype"], done["weights"]) == ("bfloat16", "checkpoint weights")
+    got = AutoModelForCausalLM.from_pretrained(tmp_path / "out", local_files_only=True)
+    want = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True)
+    for name, value in want.state_dict().items():
+        assert torch.equal(got.state_dict()[name], value.to(torch.bfloat16)), name

@@ -298,7 +298,7 @@ def test_a_dense_model_with_expert_parallelism_fails_when_it_loads():
     spec = resolve_spec(moe_spec("/models/dense", parallel={"expert_parallel_size": 2}))
     with pytest.raises(InputError, match="^parallel.expert_parallel_size: 2, but the model "
                                          r"\(qwen2\) is dense"):
-        join_layout(Worker(), spec, build_tiny("nano")[0])
+        join_layout(Worker(), spec, build_tiny("nano")[0].config)
 
 
 def test_the_qwen3_30b_a3b_example_plans_to_fit_on_its_devices():

@@ -228,9 +228,9 @@ RULE_CASES = [
         "advantage.dynamic_sampling.enable=false",
     ),
     (
-        ["resources.devices_per_node=3", "parallel.pipeline_parallel_size=2"],
+        ["resources.devices_per_node=4", "parallel.pipeline_parallel_size=2"],
         "parallel.pipeline_parallel_size",
-        "2 is not implemented yet (only 1)",
+        "set actor.strategy: megatron, or pipeline_parallel_size: 1",
     ),
     (
         ["resources.devices_per_node=3", "parallel.tensor_parallel_size=2",
