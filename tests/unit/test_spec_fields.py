@@ -292,9 +292,13 @@ STAND_IN = "parallel.virtual_pipeline_parallel_size"
 
 
 @pytest.fixture
-def refused(monkeypatch) -> str:
+def refused(monkeypatch):
+    """The stand-in entry, with the web form (built once from the schema) built afresh for it
+    and again after it."""
     monkeypatch.setitem(NOT_IMPLEMENTED, STAND_IN, (1,))
-    return STAND_IN
+    specform.sections.cache_clear()
+    yield STAND_IN
+    specform.sections.cache_clear()
 
 
 def _other_value(path: str) -> Any:
