@@ -31,6 +31,9 @@ def _in_group(rank: int, work, world: int, rendezvous: str, *args) -> None:
     finally:
         if dist.is_initialized():  # vLLM destroys the group it joined when it shuts down
             dist.destroy_process_group()
+    import multiprocessing  # children of this rank (Megatron's checkpoint writer's manager)
+    for child in multiprocessing.active_children():  # would outlive it: os._exit runs no atexit
+        child.terminate()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
