@@ -12,7 +12,7 @@ copied at once.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -56,6 +56,23 @@ class TrainingEngine(Protocol):
 
     def reload(self) -> None:
         """Bring them back to the device."""
+
+
+def in_buckets(weights: Iterable[tuple[str, torch.Tensor]],
+               bucket_bytes: int) -> Iterator[WeightBucket]:
+    """(name, tensor) pairs, as they come, in buckets of at most about `bucket_bytes` (a
+    larger tensor is a bucket of its own)."""
+    bucket: WeightBucket = []
+    size = 0
+    for name, tensor in weights:
+        nbytes = tensor.numel() * tensor.element_size()
+        if bucket and size + nbytes > bucket_bytes:
+            yield bucket
+            bucket, size = [], 0
+        bucket.append((name, tensor))
+        size += nbytes
+    if bucket:
+        yield bucket
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:

@@ -56,7 +56,7 @@ import torch.distributed as dist
 
 from rl_core.collectives import all_reduce, reduce_numbers
 from rl_core.engines.balance import token_micro_batches
-from rl_core.engines.base import LossFn, WeightBucket
+from rl_core.engines.base import LossFn, WeightBucket, in_buckets
 from rl_core.engines.mcore import (MegatronLayout, adapt_device, build_model, export_weights,
                                    has_transformer_engine, init_parallel, make_bridge,
                                    require_megatron)
@@ -487,17 +487,7 @@ class MegatronEngine:
         if keep_split is not None:
             raise InputError("parallel.resharding: none sends the training layout's parts, "
                              "which the megatron engine does not: use resharding: auto")
-        bucket: WeightBucket = []
-        size = 0
-        for name, tensor in export_weights(self.bridge, self.chunks):
-            nbytes = tensor.numel() * tensor.element_size()
-            if bucket and size + nbytes > bucket_bytes:
-                yield bucket
-                bucket, size = [], 0
-            bucket.append((name, tensor))
-            size += nbytes
-        if bucket:
-            yield bucket
+        yield from in_buckets(export_weights(self.bridge, self.chunks), bucket_bytes)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Every weight in full on the CPU, on every rank (for a Hugging Face folder)."""

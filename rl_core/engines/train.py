@@ -86,7 +86,7 @@ import torch.nn.functional as F
 from rl_core.algos.entropy import chunked_logprobs
 from rl_core.collectives import all_reduce, reduce_numbers
 from rl_core.engines.balance import token_micro_batches
-from rl_core.engines.base import LossFn, WeightBucket
+from rl_core.engines.base import LossFn, WeightBucket, in_buckets
 from rl_core.engines.context import context_parallel, gather_shards
 from rl_core.engines.experts import RouterRecorder
 from rl_core.engines.packing import Packed, attention_of, pack, prepare_packing
@@ -716,20 +716,15 @@ class TrainEngine:
         tensors for which `keep_split(name)` is true are gathered over the FSDP2 shards only,
         giving this rank's tensor-parallel part (a rollout group of the same layout needs no
         more)."""
-        bucket: WeightBucket = []
-        size = 0
-        for name, tensor in self.model.state_dict().items():
-            if hasattr(tensor, "full_tensor"):  # a DTensor shard: all-gather it
-                tensor = tensor_part(tensor) if keep_split and keep_split(name) \
-                    else tensor.full_tensor()
-            nbytes = tensor.numel() * tensor.element_size()
-            if bucket and size + nbytes > bucket_bytes:
-                yield bucket
-                bucket, size = [], 0
-            bucket.append((name, tensor))
-            size += nbytes
-        if bucket:
-            yield bucket
+        def full(name: str, tensor: Any) -> torch.Tensor:
+            if not hasattr(tensor, "full_tensor"):
+                return tensor
+            # a DTensor shard: all-gather it (over the FSDP2 shards only, where kept split)
+            return tensor_part(tensor) if keep_split and keep_split(name) \
+                else tensor.full_tensor()
+
+        yield from in_buckets(((name, full(name, tensor))
+                               for name, tensor in self.model.state_dict().items()), bucket_bytes)
 
     def offload(self) -> None:
         """Parameters, gradients and optimizer state to host memory (a no-op on CPU)."""
