@@ -6,9 +6,10 @@ API, the web UI (both through `platform/experiments/services.py`) and the comman
     admission.refusals   # [{"field": "reward.functions.0.name", "message": "..."}, ...]
     admission.memory     # the memory plan on the largest device the run could get, or why none
 
-What the spec's own validation cannot know is checked here: that every reward function exists
-and takes its keyword arguments, that the model has what the spec asks of it (experts for
-expert parallelism, a layout its kind supports: `rl_core.spec.model_violations`), that every path lies inside the roots of the path policy of
+What the spec's own validation cannot know is checked here: that every reward function and
+every tool of multi-turn rollouts exists and takes its keyword arguments, that the model has
+what the spec asks of it (experts for expert parallelism, a layout its kind supports:
+`rl_core.spec.model_violations`), that every path lies inside the roots of the path policy of
 where the run would go, that the host memory asked for fits a node there, and the memory plan
 of the model (a built-in `tiny:` preset, its config.json, or a known model's figures) on the
 device it would get. A memory plan that does not fit is a verdict, not a refusal: the caller
@@ -124,7 +125,7 @@ class Admission:
 def admit(spec: RunSpec, facts: Facts = Facts()) -> Admission:
     """Every refusal of `spec` given `facts`, in the order rewards, host memory, paths; and the
     memory verdict."""
-    refusals = [*_reward_refusals(spec), *_model_refusals(spec),
+    refusals = [*_reward_refusals(spec), *_tool_refusals(spec), *_model_refusals(spec),
                 *_host_memory_refusals(spec, facts), *_path_refusals(spec, facts)]
     return Admission(tuple(refusals), memory_verdict(spec, facts))
 
@@ -145,6 +146,23 @@ def _reward_refusals(spec: RunSpec) -> list[Refusal]:
             errors.append({"field": f"reward.functions.{i}.name", "message": str(exc)})
         except TypeError as exc:
             errors.append({"field": f"reward.functions.{i}.kwargs", "message": str(exc)})
+    return errors
+
+
+def _tool_refusals(spec: RunSpec) -> list[Refusal]:
+    """The tools of multi-turn rollouts must exist and take their kwargs (`rl_core.tools`)."""
+    if spec.rollout.multi_turn is None:
+        return []
+    from rl_core.tools import UnknownToolError, check_tool
+
+    errors = []
+    for i, tool in enumerate(spec.rollout.multi_turn.tools):
+        try:
+            check_tool(tool.name, tool.kwargs)
+        except UnknownToolError as exc:
+            errors.append({"field": f"rollout.multi_turn.tools.{i}.name", "message": str(exc)})
+        except TypeError as exc:
+            errors.append({"field": f"rollout.multi_turn.tools.{i}.kwargs", "message": str(exc)})
     return errors
 
 

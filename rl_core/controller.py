@@ -49,6 +49,7 @@ from rl_core.lineage import record_lineage
 from rl_core.rollout import with_resolved_engine
 from rl_core.rollout.ahead import BUSY_COLUMN
 from rl_core.rollout.sampling import SamplingParams
+from rl_core.rollout.turns import MultiTurn
 from rl_core.models.loading import (
     check_model_folder,
     is_vision_language,
@@ -155,6 +156,8 @@ class Controller:
                            trust_remote_code=spec.model.trust_remote_code)
         self.tokenizer = load_tokenizer(spec.model.tokenizer_path or self.model_path,
                                         trust_remote_code=spec.model.trust_remote_code)
+        # multi-turn rollouts' tools, built before any role starts (an unknown tool fails here)
+        self.turns = MultiTurn.from_spec(spec, self.tokenizer)
         self.step = 0
         self.image_processor: Any = None  # a vision-language run's, once its prompts are read
 
@@ -203,7 +206,9 @@ class Controller:
 
         critic = self.resume_from / "critic" if self.resume_from else None
         options = {"model_path": self.model_path, "total_steps": self.total_steps,
-                   "reference": reference, "sampling": self.sampling,
+                   # LoRA: the actor's own base (its adapters off) is the reference
+                   "reference": reference and self.spec.actor.lora is None,
+                   "sampling": self.sampling,
                    "critic_path": str(critic) if critic and critic.is_dir() else None}
         if self.backend == "ray":
             roles = cluster.ray_roles(self.spec, **options)
@@ -447,6 +452,17 @@ class Controller:
         whole call."""
         return self.gathered(self.submit_generate(prompt_ids, params, seed))
 
+    def generate_turns(self, prompt_ids: list[list[int]], params: SamplingParams,
+                       seed: int | None = None) -> Batch:
+        """`generate`, multi-turn where the run has tools (`rollout.multi_turn`): each turn one
+        `generate` of the responses still going (`rl_core.rollout.turns`)."""
+        if self.turns is None:
+            return self.generate(prompt_ids, params, seed)
+        if seed is None:
+            seed = self.draw_seed() if params.do_sample else 0
+        return self.turns.generate(lambda ids, piece, s: self.generate(ids, piece, s),
+                                   prompt_ids, params, seed, self.step)
+
     def submit_generate(self, prompt_ids: list[list[int]], params: SamplingParams,
                         seed: int | None = None) -> GenerateCall:
         """`generate` without waiting: the ranks' calls are submitted (a pool of its own runs
@@ -486,7 +502,10 @@ class Controller:
         their ground truths (by `prompt_index`) and the `rollout/partial/*` metrics.
 
         Each call is one `generate` with n = 1 over the samples' prompts and tokens so far, so
-        its rows shard over the actor's ranks and draw from the call's seed as any rollout."""
+        its rows shard over the actor's ranks and draw from the call's seed as any rollout.
+        Multi-turn rollouts (`rl_core.rollout.turns`) come this way too, with split 1: the
+        tools answer each turn that ends in a call and the sample goes on in the next call;
+        `rollout/turns/*` and `rollout/tools/*` join the metrics."""
         params = dataclasses.replace(self.sampling, n=1, max_new_tokens=buffer.chunk)
         version = self.step  # the policy version: one update per step
         counts = StepCounts()
@@ -501,29 +520,44 @@ class Controller:
                 raise InputError(f"data: the training prompts ran out with {buffer.ready} of the "
                                  f"{groups} complete groups a step needs: lower "
                                  "trainer.total_steps or raise trainer.total_epochs")
-            ended, cut = buffer.record(rows, self.generate(contexts(rows), params), version)
+            room = max(buffer.max_new_tokens - len(s.tokens) for _, s in rows)
+            piece = dataclasses.replace(params, max_new_tokens=min(buffer.chunk, room))
+            ended, cut = buffer.record(rows, self.generate(contexts(rows), piece), version)
             counts.calls, counts.rows = counts.calls + 1, counts.rows + len(rows)
             counts.ended, counts.cut = counts.ended + ended, counts.cut + cut
         done = buffer.pop(groups)
         batch = rollout_batch(done, self.tokenizer.pad_token_id)
-        return batch, [prompts.truths[g.item] for g in done], counts.metrics(done, buffer.pending)
+        metrics = counts.metrics(done, buffer.pending) if buffer.partial else {}
+        if self.turns is not None:
+            metrics.update(self.turns.metrics(batch))
+        return batch, [prompts.truths[g.item] for g in done], metrics
 
     def run_stages(self, batch: Batch, truths: list[Any] | None, stages: list[str],
                    timer: Timer) -> tuple[Batch, dict[str, float]]:
         """Put the batch into the data channel and let every stage's role pull it at once;
-        returns the stages' output columns (one Batch) and the channel's wait metrics."""
-        columns = batch.with_sequences().update(
-            batch.select(["response_ids", "response_lengths", "score"])).to_dict()
+        returns the stages' output columns (one Batch) and the channel's wait metrics. With
+        `actor.lora` the actor computes `ref_logprob` (its adapters off), after its other
+        stages rather than beside them."""
+        if "ref_logprob" in stages and len(stages) > 1 and self.roles.reference is None:
+            out, metrics = self.run_stages(batch, truths, [s for s in stages
+                                                           if s != "ref_logprob"], timer)
+            ref, more = self.run_stages(batch, None, ["ref_logprob"], timer)
+            return out.update(ref), {**metrics, **more}
+        columns = batch.with_sequences().update(batch.select(
+            ["response_ids", "response_lengths", "score", "prompt_ids", "prompt_mask"])).to_dict()
         if truths is not None:
             columns["truth"] = [truths[i] for i in batch.prompt_index.tolist()]
         channel = self.roles.channel
         channels.call(channel, "new_batch", len(batch), columns)
         rows = len(batch)
         plan = {
-            "reward": (self.roles.reward, ["response_ids", "response_lengths", "truth"],
+            "reward": (self.roles.reward, ["response_ids", "response_lengths", "truth",
+                                           *(("prompt_ids", "prompt_mask")
+                                             if self.spec.reward.remote else ())],
                        ["score", *(f"reward_fn/{n}" for n in self.rewards.names)]),
             "rm_score": (self.roles.reward_model, list(SEQUENCE_COLUMNS), ["rm_score"]),
-            "ref_logprob": (self.roles.reference, sequence_columns(columns), ["ref_logprobs"]),
+            "ref_logprob": (self.roles.reference or self.roles.actor, sequence_columns(columns),
+                            ["ref_logprobs"]),
             "old_logprob": (self.roles.actor, sequence_columns(columns), ["old_logprobs"]),
             "values": (self.roles.critic, list(SEQUENCE_COLUMNS), ["values"]),
         }
@@ -597,6 +631,7 @@ class Controller:
             counters = self.roles.reward.call("counters")
             metrics["reward/timeouts"] = float(sum(c["timeouts"] for c in counters))
             metrics["reward/errors"] = float(sum(c["errors"] for c in counters))
+            metrics.update(remote_metrics([c.get("remote") or {} for c in counters]))
         if not torch.isfinite(scores).all():
             raise TrainingStopped(self.step + 1, "a reward is not finite", metrics)
         buffer = self.spec.advantage.overlong_buffer
@@ -611,9 +646,28 @@ class Controller:
         """Greedy accuracy and mean reward on `prompts` with the actor's ranks."""
         from rl_core.evaluation import evaluate_prompts
 
-        return evaluate_prompts(self.rollout, self.tokenizer, self.rewards, prompts, self.sampling,
-                                batch_size=self.spec.data.val_batch_size, seed=self.spec.seed,
-                                prefix=prefix)
+        if self.turns is not None:  # the tools' counts of validation are its own
+            self.turns.metrics()
+        metrics = evaluate_prompts(self.rollout, self.tokenizer, self.rewards, prompts,
+                                   self.sampling, batch_size=self.spec.data.val_batch_size,
+                                   seed=self.spec.seed, prefix=prefix)
+        if self.turns is not None:  # val/tools/call_rate, val/tools/status/ok, ...
+            metrics.update({f"{prefix}/{key.split('/', 1)[1]}": value
+                            for key, value in self.turns.metrics().items()})
+        return metrics
+
+
+def remote_metrics(ranks: list[dict[str, float]]) -> dict[str, float]:
+    """`reward/remote/*` of the reward ranks' last chunks: failures and retries summed, the
+    slowest call, the mean latency and score over the ranks that called the service."""
+    ranks = [r for r in ranks if r]
+    if not ranks:
+        return {}
+    mean = lambda key: sum(r[key] for r in ranks) / len(ranks)  # noqa: E731
+    return {"reward/remote/failures": float(sum(r["failures"] for r in ranks)),
+            "reward/remote/retries": float(sum(r["retries"] for r in ranks)),
+            "reward/remote/latency_max_s": max(r["latency_max_s"] for r in ranks),
+            "reward/remote/latency_mean_s": mean("latency_mean_s")}
 
 
 def token_balanced(batch: Batch, parts: int) -> tuple[list[Batch], torch.Tensor]:
@@ -659,7 +713,7 @@ class ShardedRollout:
 
     def generate(self, prompt_ids, params: SamplingParams, generator: torch.Generator | None = None):
         seed = int(torch.randint(0, 2**62, (1,), generator=generator)) if params.do_sample else 0
-        return self.controller.generate(list(prompt_ids), params, seed=seed)
+        return self.controller.generate_turns(list(prompt_ids), params, seed=seed)
 
 
 class RewardsView:
@@ -677,5 +731,6 @@ class RewardsView:
             self._names = [] if self.group is None else list(self.group.call("score_names")[0])
         return self._names
 
-    def score_batch(self, texts, truths):
-        return self.group.call("score_texts", list(texts), list(truths))[0]
+    def score_batch(self, texts, truths, prompts=None):
+        return self.group.call("score_texts", list(texts), list(truths),
+                               None if prompts is None else list(prompts))[0]

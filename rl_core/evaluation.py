@@ -39,7 +39,10 @@ def score_prompts(rollout, tokenizer, rewards, prompts, params: SamplingParams, 
     for start, ids in _batches(prompts.ids, batch_size):
         batch = rollout.generate(ids, params, generator=generator)
         truths = [prompts.truths[start + i] for i in batch.prompt_index.tolist()]
-        scored = rewards.score_batch(decode_responses(tokenizer, batch), truths)
+        prompt_texts = [tokenizer.decode(ids[mask.bool()], skip_special_tokens=True)
+                        for ids, mask in zip(batch.prompt_ids, batch.prompt_mask)]
+        scored = rewards.score_batch(decode_responses(tokenizer, batch), truths,
+                                     prompts=prompt_texts)
         totals.append(torch.tensor(scored.total).view(len(ids), params.n))
         hits = scored.per_function[key] if key else scored.total
         correct.append((torch.tensor(hits) >= (1.0 if key else 1e-9)).float().view(len(ids), params.n))

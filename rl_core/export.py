@@ -9,8 +9,11 @@ wrote them, into the model the checkpoint's config.json describes, cast to the d
 (default: the run's `model.dtype`) and saved with the tokenizer. A checkpoint of the plain
 engine has only its Hugging Face weights, which are re-saved in that dtype; so has one of
 `actor.strategy: megatron` (its float32 main weights are shards of Megatron's optimizer, which
-only its engine reads: its Hugging Face weights, in `model.dtype`, are the trained ones). The
-folder is written beside `out` and renamed into place, so `out` is complete or absent.
+only its engine reads: its Hugging Face weights, in `model.dtype`, are the trained ones). So has
+one trained with `actor.lora`: its Hugging Face weights are the base with the adapters merged
+into it (W + (alpha / rank) · B A, `rl_core.engines.lora`), and its sharded state and its
+`adapter/` folder are the adapters only. The folder is written beside `out` and renamed into
+place, so `out` is complete or absent.
 """
 
 from __future__ import annotations
@@ -44,8 +47,9 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str | None
     model = load_model(source, dtype="float32", trust_remote_code=trust)
     masters = source / MASTER_DIR
     megatron = spec.get("actor", {}).get("strategy") == "megatron"
-    if megatron:  # Megatron's shards need its layout to read: the folder's weights are the model
-        masters = source / "none"
+    lora = spec.get("actor", {}).get("lora") is not None
+    if megatron or lora:  # Megatron's shards need its layout to read, LoRA's are the adapters:
+        masters = source / "none"  # the folder's (merged) weights are the model
     if (masters / ".metadata").is_file():
         _load_masters(model, masters)
     tokenizer = load_tokenizer(source, trust_remote_code=trust)
@@ -61,7 +65,8 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str | None
         target.rmdir()
     staging.rename(target)
     return {"out": str(target), "dtype": dtype,
-            "weights": "sharded master weights" if masters.is_dir() else "checkpoint weights"}
+            "weights": "sharded master weights" if masters.is_dir()
+            else "merged LoRA weights" if lora else "checkpoint weights"}
 
 
 def _spec_of(checkpoint: Path) -> dict[str, Any]:

@@ -52,6 +52,14 @@ What each engine keeps (P parameters, D = `spec.data_parallel_size` devices, b t
   update the weights go to the rollout one full tensor at a time, gathered over the tensor-,
   expert- and pipeline-parallel ranks (one bucket, the largest tensor, in the rollout phase).
   The rollout keeps its own full copy as with fsdp2.
+- `actor.lora` (LoRA adapters of rank r): A adapter parameters (`lora_parameters`: r·(in + out)
+  per targeted linear layer, the attention and dense MLP projections) are trained, the base is
+  frozen. The plain engine keeps the base and the adapters in `model.dtype` ((P + A)·b) and
+  gradients, AdamW moments and float32 masters of the adapters only (A in place of P above);
+  fsdp2 shards base and adapters as float32 masters ((P + A)·4/D) with gradients and moments
+  of the adapters only. There is no reference model (the actor's base, its adapters off, is
+  the reference: its log-prob forward runs in the actor). The plain engine's native rollout
+  then keeps its own full copy of the merged weights (P·b), as with fsdp2.
 - `actor.offload.param` (fsdp2): the shards of parameters, gradients and moments stay in host
   memory and the optimizer steps there; only the gathered layers come to the device.
   `actor.offload.optimizer`: the moments wait in host memory and come back for the step. The
@@ -597,6 +605,9 @@ class Setup:
     virtual_pipeline: int = 1
     # actor.recompute as megatron resolves it ("full", "selective", None: every layer kept)
     recompute: str | None = None
+    # actor.lora: the adapters' rank (0: full fine-tuning) and target modules
+    lora_rank: int = 0
+    lora_targets: tuple[str, ...] | str = ()
 
     @property
     def ranks(self) -> int:
@@ -649,7 +660,30 @@ def setup_of(spec: RunSpec) -> Setup:
         rollout_pool=pool, pipeline_parallel=pp,
         virtual_pipeline=spec.parallel.virtual_pipeline_parallel_size,
         recompute=megatron_recompute(spec),
+        **_lora_setup(spec),
     )
+
+
+def _lora_setup(spec: RunSpec) -> dict[str, Any]:
+    lora = spec.actor.lora
+    if lora is None:
+        return {}
+    targets = lora.target_modules
+    return {"lora_rank": lora.rank,
+            "lora_targets": targets if isinstance(targets, str) else tuple(targets)}
+
+
+def lora_parameters(shape: ModelShape, rank: int, targets: tuple[str, ...] | str) -> int:
+    """Parameters of LoRA adapters of `rank` on the `targets` linear layers of every decoder
+    layer (A: rank × in, B: out × rank); `all-linear` is all seven projections. The experts of
+    a mixture of experts are not linear layers: only its attention gets adapters."""
+    h, q, kv, inter = shape.hidden_size, shape.q_width, shape.kv_width, shape.intermediate_size
+    sizes = {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h)}
+    if not shape.is_moe:
+        sizes.update({"gate_proj": (h, inter), "up_proj": (h, inter), "down_proj": (inter, h)})
+    names = sizes if targets == "all-linear" else targets
+    per_layer = sum(rank * sum(sizes[name]) for name in names if name in sizes)
+    return shape.num_hidden_layers * per_layer
 
 
 def megatron_recompute(spec: RunSpec) -> str | None:
@@ -886,39 +920,56 @@ def components(s: Setup, shape: ModelShape) -> list[Component]:
 
 
 def _train_state(role: str, params: int, root: int, layer: int, s: Setup,
-                 offload_param: bool = False, offload_optimizer: bool = False) -> list[Component]:
-    """Parameters, gradients, AdamW moments and the engine's own buffers of a trained model."""
+                 offload_param: bool = False, offload_optimizer: bool = False,
+                 trained: int | None = None, trained_layer: int | None = None
+                 ) -> list[Component]:
+    """Parameters, gradients, AdamW moments and the engine's own buffers of a trained model
+    (`trained`: of the `params` those that train, LoRA's adapters, `trained_layer` a layer's
+    of them; None: all)."""
     if s.strategy == "fsdp2":
-        return _fsdp2_state(role, params, root, layer, s, offload_param, offload_optimizer)
-    return _torch_state(role, params, s, offload_optimizer)
+        return _fsdp2_state(role, params, root, layer, s, offload_param, offload_optimizer,
+                            trained, trained_layer)
+    return _torch_state(role, params, s, offload_optimizer, trained)
 
 
-def _torch_state(role: str, params: int, s: Setup, offload_optimizer: bool) -> list[Component]:
+def _torch_state(role: str, params: int, s: Setup, offload_optimizer: bool,
+                 trained: int | None = None) -> list[Component]:
     b, dtype = s.dtype_bytes, s.dtype
     moments = (TRAINED, False) if not offload_optimizer else (("step",), True)
     masters = s.master_weights and dtype != "float32"
     g, state = (4, "float32") if masters else (b, dtype)  # what AdamW steps, and its grads
+    lora = trained is not None
+    trained = params if trained is None else trained
+    of = " (the LoRA adapters')" if lora else ""
     parts = [Component(f"{role} parameters", params * b, PHASES,
-                       f"{dtype}, a full copy per device")]
+                       f"{dtype}, a full copy per device"
+                       + (", the frozen base and its adapters" if lora else ""))]
     if masters:
-        parts.append(Component(f"{role} master weights", params * 4, PHASES,
-                               "float32 copies AdamW steps; the parameters are set from them"))
+        parts.append(Component(f"{role} master weights", trained * 4, PHASES,
+                               f"float32 copies AdamW steps{of}; the parameters are set from "
+                               "them"))
     parts += [
-        Component(f"{role} gradients", params * g, ("backward", "step"), state),
-        Component(f"{role} AdamW moments", 2 * params * g, moments[0],
+        Component(f"{role} gradients", trained * g, ("backward", "step"), state + of),
+        Component(f"{role} AdamW moments", 2 * trained * g, moments[0],
                   f"exp_avg, exp_avg_sq in {state}"
                   + ("" if masters or dtype == "float32" else " (no float32 master copy)"),
                   moments[1]),
     ]
     if s.ranks > 1:
-        parts.append(Component(f"{role} gradient all-reduce", params * g, ("step",),
+        parts.append(Component(f"{role} gradient all-reduce", trained * g, ("step",),
                                "the flattened gradients summed over the ranks"))
     return parts
 
 
 def _fsdp2_state(role: str, params: int, root: int, layer: int, s: Setup, offload_param: bool,
-                 offload_optimizer: bool) -> list[Component]:
+                 offload_optimizer: bool, trained: int | None = None,
+                 trained_layer: int | None = None) -> list[Component]:
     b, shard = s.dtype_bytes, math.ceil(params / s.ranks) * 4
+    # LoRA: gradients and moments of the adapters only (`trained_layer` a layer's), none of
+    # the root's
+    lora = trained is not None
+    grads = math.ceil(trained / s.ranks) * 4 if lora else shard
+    of = " (the LoRA adapters')" if lora else ""
     where = ((), True) if offload_param else (PHASES, False)  # made at load
     moments = (((), True) if offload_param else (TRAINED, False) if not offload_optimizer
                else (("step",), True))  # made by the first step
@@ -934,17 +985,20 @@ def _fsdp2_state(role: str, params: int, root: int, layer: int, s: Setup, offloa
                   "sharded"),
         Component(f"{role} parameter shards", shard, where[0], f"master weights, {over}",
                   where[1]),
-        Component(f"{role} gradient shards", shard, ("backward", "step") if not offload_param
-                  else (), over, offload_param),
-        Component(f"{role} AdamW moments", 2 * shard, moments[0], f"exp_avg, exp_avg_sq, {over}",
-                  moments[1]),
-        Component(f"{role} AdamW step temporary", 0 if offload_param else shard, ("step",),
+        Component(f"{role} gradient shards", grads, ("backward", "step") if not offload_param
+                  else (), over + of, offload_param),
+        Component(f"{role} AdamW moments", 2 * grads, moments[0],
+                  f"exp_avg, exp_avg_sq, {over}{of}", moments[1]),
+        Component(f"{role} AdamW step temporary", 0 if offload_param else grads, ("step",),
                   "one moment-sized buffer of the foreach step"),
         Component(f"{role} gathered layers", (root + 2 * layer) * b, ("backward",),
                   f"root + the running and the next layer{part}, {s.dtype}"),
-        Component(f"{role} unsharded gradients", (root + layer) * b + layer * 4, ("backward",),
-                  f"the root's and one layer's{part}, reduced in float32"),
-        Component(f"{role} root gradient reduce", root * (b + 4), ("step",),
+        Component(f"{role} unsharded gradients",
+                  (math.ceil((trained_layer or 0) / t) * (b + 4)) if lora
+                  else (root + layer) * b + layer * 4, ("backward",),
+                  f"one layer's adapters'{part}, reduced in float32" if lora
+                  else f"the root's and one layer's{part}, reduced in float32"),
+        Component(f"{role} root gradient reduce", 0 if lora else root * (b + 4), ("step",),
                   "the root's gradients, upcast to float32 at the end of backward"),
     ]
 
@@ -952,8 +1006,14 @@ def _fsdp2_state(role: str, params: int, root: int, layer: int, s: Setup, offloa
 def _actor_state(s: Setup, shape: ModelShape) -> list[Component]:
     if s.strategy == "megatron":
         return _megatron_state("actor", s, shape, offload_optimizer=s.offload_optimizer)
-    return _train_state("actor", shape.parameters, shape.root_parameters,
-                        _layer_unit(s, shape), s, s.offload_param, s.offload_optimizer)
+    adapters = lora_parameters(shape, s.lora_rank, s.lora_targets) if s.lora_rank else None
+    params = shape.parameters + (adapters or 0)
+    layer = _layer_unit(s, shape)
+    if adapters:
+        layer += adapters // shape.num_hidden_layers
+    return _train_state("actor", params, shape.root_parameters, layer, s, s.offload_param,
+                        s.offload_optimizer, trained=adapters,
+                        trained_layer=adapters // shape.num_hidden_layers if adapters else None)
 
 
 # --------------------------------------------------------------------------- megatron
@@ -1105,10 +1165,12 @@ def _rollout(s: Setup, shape: ModelShape) -> list[Component]:
     prefill = s.rollout_prompts * s.prompt_len * (math.ceil((fused + inter) / r) + 2 * h) * b
     layers = shape.num_hidden_layers * shape.layer_parameters
     own = shape.parameters - layers + math.ceil(layers / r)  # layers split, the rest whole
-    full = own * b if s.strategy in ("fsdp2", "megatron") else 0
+    full = own * b if s.strategy in ("fsdp2", "megatron") or s.lora_rank else 0
     part = f"; its part of the layers (1/{r}: a rollout group)" if r > 1 else ""
     parks = s.device_type != "cpu"  # in host memory from the log-probs to the next sync
-    source = "tensor by tensor" if s.strategy == "megatron" else "from the shards"
+    source = ("tensor by tensor" if s.strategy == "megatron" else "from the shards"
+              if s.strategy == "fsdp2" else "from the training model")
+    source += ", the LoRA adapters merged" if s.lora_rank else ""
     return [
         Component("rollout full weights", full, ("load", "rollout") if parks else PHASES,
                   f"the rollout's own model in {s.dtype}, synced {source}{part}"
@@ -1362,6 +1424,9 @@ def _shared(s: Setup) -> str:
 def _reference(s: Setup, shape: ModelShape) -> list[Component]:
     if s.reference_rows is None:
         return []
+    if s.lora_rank:  # the actor's base with its adapters off: its forward only, in the actor
+        return _forward("actor reference log-probs", s.reference_rows, s, shape,
+                        _vocab_part(s, shape))
     forward = _forward("reference", s.reference_rows, s, shape, _vocab_part(s, shape))
     offload = s.reference_offload and s.device_type != "cpu"
     if s.strategy == "megatron":  # its stage's weights, frozen: no gradients, no optimizer

@@ -240,10 +240,11 @@ class Timer:
 
 
 def stable_metrics(metrics: Mapping[str, Any]) -> dict[str, Any]:
-    """Metrics that do not depend on wall time or memory (for exact-resume comparisons)."""
+    """Metrics that do not depend on wall time or memory (for exact-resume comparisons): not
+    timings, throughput, memory, or the latency of tools and reward services."""
     return {k: v for k, v in metrics.items()
             if not k.startswith(("timing/", "perf/tokens_per_s", "memory/"))
-            and not (isinstance(v, float) and math.isnan(v))}
+            and "/latency_" not in k and not (isinstance(v, float) and math.isnan(v))}
 
 
 def memory_metrics(per_rank: list[Mapping[str, float]], role: str = "actor") -> dict[str, float]:

@@ -345,16 +345,26 @@ def run_samples(request, pk: int):
         if step is not None:
             table = read_json(run, f"samples/step_{step}.json") or {}
             columns = table.get("columns", [])
-            kinds = ["images" if c == "images" else
-                     "num" if c.startswith("reward") or c == "response_tokens" else "text"
-                     for c in columns]
+            kinds = ["images" if c == "images" else "turns" if c == "turns" else
+                     "num" if c.startswith("reward") or c in ("response_tokens", "tool_calls")
+                     else "text" for c in columns]
+            shown = {"images": _pictures, "turns": _turns}
             context["table"] = {"columns": list(zip(columns, kinds)),
-                                "rows": [[(_pictures(cell) if kind == "images" else cell, kind)
+                                "rows": [[(shown[kind](cell) if kind in shown else cell, kind)
                                           for cell, kind in zip(row, kinds)]
                                          for row in table.get("data", [])]}
     except TrackingUnavailable as exc:
         context["error"] = exc.shown_to(request.user)
     return render(request, "frontend/_run_samples.html", context)
+
+
+def _turns(cell) -> list[tuple[str, str]]:
+    """(role, text) of each part of a multi-turn sample's `turns` cell: the model's turns and
+    the tools' answers in order (role "model" or "tool"); anything else in the cell is left
+    out."""
+    return [(part["role"], str(part.get("text", ""))) for part in
+            (cell if isinstance(cell, list) else [])
+            if isinstance(part, dict) and part.get("role") in ("model", "tool")]
 
 
 def _pictures(cell) -> list[str]:

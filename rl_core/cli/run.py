@@ -136,7 +136,9 @@ def _eval(args: argparse.Namespace) -> int:
 
         result = evaluate_checkpoint(args.checkpoint, args.data, k=args.k, template=args.template,
                                      max_new_tokens=args.max_new_tokens, reward=args.reward,
-                                     batch_size=args.batch_size)
+                                     batch_size=args.batch_size,
+                                     tools=[t for t in args.tools.split(",") if t],
+                                     max_turns=args.max_turns)
         print(json.dumps(result, sort_keys=True))
 
     return run_guarded(work)
@@ -174,6 +176,10 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--reward", default="exact_match", help="correctness reward function")
     parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--tools", default="", help="multi-turn with these tools on offer, "
+                        "comma-separated (e.g. calculator,python)")
+    parser.add_argument("--max-turns", type=int, default=4,
+                        help="with --tools: the model's turns per response (default 4)")
     parser.set_defaults(handler=_eval)
     parser = commands.add_parser(
         "export", help="write a checkpoint's policy as a Hugging Face folder (from the sharded "

@@ -51,6 +51,10 @@ class Sample:
 
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    tools: list[int] = field(default_factory=list)  # multi-turn: 1 for each tool token
+    turn_start: int = 0  # multi-turn: where the model's current turn began in `tokens`
+    turns: int = 0  # multi-turn: the model's turns ended so far
+    tool_calls: int = 0  # multi-turn: tool calls answered
     first_version: int = -1  # the policy version of its first piece (-1: none yet)
     last_version: int = -1
     pieces: int = 0  # rollout calls it took part in
@@ -78,24 +82,34 @@ class Group:
 class PartialRollouts:
     """The groups in flight (in draw order) and the prompts drawn but not started yet."""
 
-    def __init__(self, n: int, max_new_tokens: int, split: int, max_age: int | None = None):
-        if split < 2 or max_new_tokens % split:
-            raise ValueError(f"split must be >= 2 and divide max_new_tokens ({max_new_tokens}), "
-                             f"got {split}")
+    def __init__(self, n: int, max_new_tokens: int, split: int, max_age: int | None = None,
+                 turns: Any = None):
+        if split < 1 or max_new_tokens % split or (split == 1 and turns is None):
+            raise ValueError(f"split must be >= 2 (1 with multi-turn rollouts) and divide "
+                             f"max_new_tokens ({max_new_tokens}), got {split}")
         self.n, self.max_new_tokens, self.split = n, max_new_tokens, split
         self.max_age = max_age or split
+        self.turns = turns  # rl_core.rollout.turns.MultiTurn, or None: one turn
         self.chunk = max_new_tokens // split  # new tokens per sample per call
         self.groups: list[Group] = []
         self.queue: list[int] = []  # items drawn from the loader, not started
 
     @classmethod
-    def from_spec(cls, spec: Any) -> PartialRollouts | None:
-        """The buffer of the spec's `rollout` section; None when partial rollout is off."""
+    def from_spec(cls, spec: Any, turns: Any = None) -> PartialRollouts | None:
+        """The buffer of the spec's `rollout` section; None when partial rollout is off and
+        there are no `turns` (multi-turn rollouts take this buffer with split 1: a step's
+        groups are all complete by its end)."""
         r = spec.rollout
-        if r.partial_rollout_max_split <= 1:
+        split = max(r.partial_rollout_max_split, 1)
+        if split == 1 and turns is None:
             return None
-        return cls(r.n_samples_per_prompt, r.max_new_tokens, r.partial_rollout_max_split,
-                   r.partial_rollout_max_age)
+        return cls(r.n_samples_per_prompt, r.max_new_tokens, split, r.partial_rollout_max_age,
+                   turns)
+
+    @property
+    def partial(self) -> bool:
+        """Whether responses are generated a piece at a time over steps (split > 1)."""
+        return self.split > 1
 
     # ----------------------------------------------------------------------- counts
 
@@ -113,7 +127,11 @@ class PartialRollouts:
 
     def wanted(self, groups: int) -> int:
         """New prompts for the next call: as many as bring its rows to about `groups` × n (the
-        rollout of a step without partial rollout), the waiting samples counted first."""
+        rollout of a step without partial rollout), the waiting samples counted first. With
+        split 1 (multi-turn rollouts alone) only the groups missing: a step's groups are drawn
+        at once and all finish in the step, so every response is of the step's policy."""
+        if not self.partial:
+            return max(0, groups - len(self.groups))
         return max(0, (groups * self.n - self.pending) // self.n)
 
     def draw(self, count: int, loader: Iterator[list[int]]) -> list[int]:
@@ -153,7 +171,8 @@ class PartialRollouts:
                ) -> tuple[int, int]:
         """Append each row's piece (row i of `batch`, a rollout of `contexts(rows)` with n = 1)
         sampled from policy `version`; returns (samples that ended, of them cut at
-        max_new_tokens)."""
+        max_new_tokens). With multi-turn rollouts a turn that ends in a tool call gets the
+        tools' answers appended (`MultiTurn.answer`) and its sample goes on."""
         if len(batch) != len(rows):
             raise ValueError(f"the rollout has {len(batch)} rows for {len(rows)} samples")
         lengths = batch.response_lengths.tolist()
@@ -161,21 +180,28 @@ class PartialRollouts:
             raise ValueError(f"a piece of {max(lengths)} tokens is longer than the chunk "
                              f"({self.chunk})")
         tokens, logprobs = batch.response_ids.tolist(), batch.logprobs.tolist()
-        ended = cut = 0
+        turned: list[Sample] = []  # samples whose turn ended: the tools may answer
         for (_, sample), length, ids, lps, stopped in zip(
                 rows, lengths, tokens, logprobs, batch.finished.tolist()):
-            sample.tokens += ids[:length]
-            sample.logprobs += lps[:length]
+            room = self.max_new_tokens - len(sample.tokens)  # a tool's answer shifts pieces
+            piece = ids[:min(length, room)]
+            sample.tokens += piece
+            sample.logprobs += lps[:len(piece)]
+            if self.turns is not None:
+                sample.tools += [0] * len(piece)
             if not sample.pieces:
                 sample.first_version = version
             sample.last_version, sample.pieces = version, sample.pieces + 1
-            if stopped:
+            if stopped and len(piece) == length:
                 sample.status = STOPPED
+                if self.turns is not None:
+                    turned.append(sample)
             elif len(sample.tokens) >= self.max_new_tokens:
                 sample.status = CUT
-                cut += 1
-            ended += sample.status != RUNNING
-        return ended, cut
+        if turned:
+            self.turns.answer(turned, self.max_new_tokens)
+        ended = sum(s.status != RUNNING for _, s in rows)
+        return ended, sum(s.status == CUT for _, s in rows)
 
     # ----------------------------------------------------------------------- training
 
@@ -232,7 +258,7 @@ def rollout_batch(groups: Sequence[Group], pad_token_id: int) -> Batch:
     for row, sample in enumerate(samples):
         response_ids[row, :len(sample.tokens)] = torch.tensor(sample.tokens, dtype=torch.long)
         logprobs[row, :len(sample.tokens)] = torch.tensor(sample.logprobs, dtype=torch.float32)
-    return Batch({
+    batch = Batch({
         "prompt_ids": prompt_ids,
         "prompt_mask": prompt_mask,
         "response_ids": response_ids,
@@ -244,6 +270,14 @@ def rollout_batch(groups: Sequence[Group], pad_token_id: int) -> Batch:
         "finished": torch.tensor([s.status == STOPPED for s in samples]),
         "weight_version": torch.tensor([s.last_version for s in samples], dtype=torch.long),
     })
+    if any(s.tools for s in samples):  # multi-turn: which tokens the tools wrote
+        tool_mask = torch.zeros((len(samples), width), dtype=torch.long)
+        for row, sample in enumerate(samples):
+            tool_mask[row, :len(sample.tools)] = torch.tensor(sample.tools, dtype=torch.long)
+        batch["tool_mask"] = tool_mask
+        batch["turns"] = torch.tensor([s.turns for s in samples], dtype=torch.long)
+        batch["tool_calls"] = torch.tensor([s.tool_calls for s in samples], dtype=torch.long)
+    return batch
 
 
 @dataclass

@@ -90,6 +90,34 @@ def arithmetic_problems(
     return rows
 
 
+def calculator_transcripts(problems: Sequence[Row], render: Callable[[str], str], *,
+                           direct: float = 0.0, seed: int = 0) -> list[Row]:
+    """Supervised examples of using the calculator tool on "a*b=" `problems` (rows of
+    `arithmetic_problems`), in the `hermes` format of multi-turn rollouts
+    (`rl_core.rollout.turns`): per problem its first turn (the prompt `render`ed as a chat, the
+    answer the tool call) and its last (the prompt followed by that call, its eos and the
+    tool's answer; the answer `<answer>a*b</answer>`). For a `direct` share of the problems
+    (drawn with `seed`) the first turn answers at once instead (`<answer>a*b</answer>`, which a
+    small model can only guess). A model fine-tuned on them calls the tool most of the time
+    and copies its answer."""
+    from rl_core.rollout.turns import ANSWER, ANSWERS_END, ANSWERS_START, hermes_call
+
+    rng = random.Random(f"calculator:{seed}")
+    rows = []
+    for problem in problems:
+        prompt, expression = render(problem["prompt"]), problem["prompt"].rstrip("=")
+        answer = f"<answer>{problem['answer']}</answer>"
+        if rng.random() < direct:
+            rows.append({"prompt": prompt, "answer": answer, "task": "calculator"})
+            continue
+        called = hermes_call("calculator", {"expression": expression})
+        answered = (prompt + called + "<|im_end|>" + ANSWERS_START
+                    + ANSWER.format(problem["answer"]) + ANSWERS_END)
+        rows.append({"prompt": prompt, "answer": called, "task": "calculator"})
+        rows.append({"prompt": answered, "answer": answer, "task": "calculator"})
+    return rows
+
+
 # --------------------------------------------------------------------------- countdown
 
 

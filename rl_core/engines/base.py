@@ -78,7 +78,10 @@ def in_buckets(weights: Iterable[tuple[str, torch.Tensor]],
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The decoder layers to shard one by one (`model.model.layers` of a Hugging Face causal LM
     or token classifier, `model.model.language_model.layers` of a vision-language model, whose
-    vision tower stays with the root); an InputError when the model has none there."""
+    vision tower stays with the root; a PEFT-wrapped model's base's); an InputError when the
+    model has none there."""
+    if hasattr(model, "get_base_model"):  # LoRA adapters around the model (actor.lora)
+        model = model.get_base_model()
     body = getattr(model, "model", None)
     layers = getattr(body, "layers", None)
     if layers is None:

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from rl_core.engines.base import LossFn, WeightBucket, decoder_layers
+from rl_core.engines.lora import adapter_names, check_resumed, with_adapters
 from rl_core.engines.train import PARAM_DTYPES, TrainEngine, engine_options
 from rl_core.errors import InputError
 
@@ -102,19 +103,24 @@ class FSDP2Engine:
 
     def __init__(self, model: torch.nn.Module, *, mesh: Any, param_dtype: str = "float32",
                  reshard_after_forward: bool = True, offload_param: bool = False,
-                 cp_group: Any = None, dp_group: Any = _MESH, **options: Any) -> None:
+                 cp_group: Any = None, dp_group: Any = _MESH, lora: Any = None,
+                 **options: Any) -> None:
         """`offload_param`: parameter, gradient and optimizer-state shards live in host memory
         and AdamW steps there (FSDP2's CPUOffloadPolicy); each unit comes to the device for its
         forward and backward. `cp_group`: context parallelism (`TrainEngine`'s) over some of
         the mesh's ranks, which then hold the same rows: `dp_group` is the group of the ranks
-        with different rows (None: one), by default the whole mesh. `options`: those of
-        `TrainEngine`."""
+        with different rows (None: one), by default the whole mesh. `lora`: the spec's
+        `actor.lora`, the model wrapped with PEFT's adapters before it is sharded (frozen base
+        and adapters sharded alike; gradients and AdamW state for the adapters only).
+        `options`: those of `TrainEngine`."""
         if param_dtype not in PARAM_DTYPES:
             raise ValueError(f"param_dtype {param_dtype!r} is not supported; use float32 or bfloat16")
         self.mesh = mesh
         device = _mesh_device(mesh)
         # float32 master weights; fully_shard moves each unit to the mesh's device as it shards
         # it, so a model given on the host reaches the device one layer at a time
+        if lora is not None:
+            model = with_adapters(model, lora)
         model = model.to(dtype=torch.float32)
         shard_model(model, mesh, param_dtype, reshard_after_forward, offload=offload_param)
         shard_mesh = _shard_mesh(mesh)
@@ -151,7 +157,7 @@ class FSDP2Engine:
         """An engine configured by the spec's `actor` section over `mesh` (`dtype`: compute;
         `groups`: `cp_group` and `dp_group`, see `__init__`)."""
         return cls(model, mesh=mesh, param_dtype=dtype, offload_param=actor.offload.param,
-                   **engine_options(actor, total_steps), **groups)
+                   lora=actor.lora, **engine_options(actor, total_steps), **groups)
 
     model = property(lambda self: self.inner.model)
     step = property(lambda self: self.inner.step)
@@ -171,8 +177,19 @@ class FSDP2Engine:
         return self.inner.weight_buckets(bucket_bytes, keep_split)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Every weight in full on the CPU, on every rank (for a Hugging Face export)."""
-        return {name: tensor.cpu() for bucket in self.weight_buckets() for name, tensor in bucket}
+        """Every weight in full on the CPU, on every rank (for a Hugging Face export; LoRA:
+        merged)."""
+        return self.inner.full_state_dict()
+
+    @property
+    def adapted(self) -> bool:
+        return self.inner.adapted
+
+    def adapters_off(self) -> Any:
+        return self.inner.adapters_off()
+
+    def adapter_state(self) -> dict[str, torch.Tensor]:
+        return self.inner.adapter_state()
 
     def state_dict(self) -> dict[str, Any]:
         """The schedule and the step (small, the same on every rank); the weights and the
@@ -183,15 +200,18 @@ class FSDP2Engine:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """The step of `state_dict()` (load the shards with `load_sharded`)."""
+        check_resumed(state, self.adapted)
         self.inner.step = int(state["step"])
 
     def save_sharded(self, folder: str | Path) -> None:
         """The float32 master weights and the AdamW state into a `torch.distributed.checkpoint`
-        folder, each rank writing its own shards. A collective: every rank calls it."""
+        folder, each rank writing its own shards (LoRA: the adapters' only, the frozen base is
+        the model's folder). A collective: every rank calls it."""
         from torch.distributed import checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
-        model, optimizer = get_state_dict(self.model, self.inner.optimizer)
+        model, optimizer = get_state_dict(self.model, self.inner.optimizer,
+                                          options=self._dcp_options())
         dcp.save({"model": model, "optimizer": optimizer}, checkpoint_id=str(folder),
                  process_group=None)  # every rank of the role
 
@@ -206,8 +226,9 @@ class FSDP2Engine:
         if not (folder / ".metadata").is_file():
             raise InputError(f"{folder}: not a sharded checkpoint (no .metadata); it was saved "
                              "with another actor.strategy, or is incomplete")
-        check_sharded_keys(folder, self.model)
-        model, optimizer = get_state_dict(self.model, self.inner.optimizer)
+        check_sharded_keys(folder, self.model, trained_only=self.adapted)
+        model, optimizer = get_state_dict(self.model, self.inner.optimizer,
+                                          options=self._dcp_options())
         state = {"model": model, "optimizer": optimizer}
         try:
             dcp.load(state, checkpoint_id=str(folder), process_group=None)  # every rank of the role
@@ -215,7 +236,13 @@ class FSDP2Engine:
             raise InputError(f"{folder}: cannot load this sharded checkpoint into "
                              f"{type(self.model).__name__}: {_first_line(exc)}") from exc
         set_state_dict(self.model, self.inner.optimizer, model_state_dict=state["model"],
-                       optim_state_dict=state["optimizer"])
+                       optim_state_dict=state["optimizer"], options=self._dcp_options())
+
+    def _dcp_options(self) -> Any:
+        """What the sharded checkpoint holds: every weight, or (LoRA) the adapters only."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+        return StateDictOptions(ignore_frozen_params=self.adapted, strict=not self.adapted)
 
     def offload(self) -> None:
         """The optimizer state to host memory (the parameter shards move only with
@@ -237,10 +264,14 @@ def sharded_shapes(folder: str | Path) -> dict[str, tuple[int, ...]]:
             if key.startswith("model.") and isinstance(item, TensorStorageMetadata)}
 
 
-def check_sharded_keys(folder: str | Path, model: torch.nn.Module) -> None:
-    """An InputError naming `folder` when its weights are not `model`'s: names or shapes differ."""
+def check_sharded_keys(folder: str | Path, model: torch.nn.Module,
+                       trained_only: bool = False) -> None:
+    """An InputError naming `folder` when its weights are not `model`'s: names or shapes differ
+    (`trained_only`: of the trained parameters only, a LoRA model's adapters)."""
     saved = sharded_shapes(folder)
     want = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    if trained_only:
+        want = {name: want[name] for name in adapter_names(model)}
     missing = sorted(set(want) - set(saved))
     wrong = sorted(n for n in set(want) & set(saved) if want[n] != saved[n])
     if missing or wrong:

@@ -89,6 +89,8 @@ from rl_core.engines.balance import token_micro_batches
 from rl_core.engines.base import LossFn, WeightBucket, in_buckets
 from rl_core.engines.context import context_parallel, gather_shards
 from rl_core.engines.experts import RouterRecorder
+from rl_core.engines.lora import (adapter_state, adapters_off, check_resumed, is_adapted,
+                                  load_adapter_state, merged_weights, with_adapters)
 from rl_core.engines.packing import Packed, attention_of, pack, prepare_packing
 from rl_core.engines.tensor import is_vocab_parallel, vocab_parallel_logprobs
 from rl_core.errors import InputError, NonFiniteError
@@ -291,6 +293,7 @@ class TrainEngine:
         offload_optimizer: bool = False,
         master_weights: bool = True,
         router_aux_loss_coef: float | None = 0.0,
+        lora: Any = None,
     ) -> None:
         """`micro_batch_size` (rows), `max_token_len` (valid tokens per micro-batch: dynamic
         batch size, which then overrides every row count) and `loss_agg_mode` are defaults for
@@ -309,7 +312,10 @@ class TrainEngine:
         `router_aux_loss_coef`: of a mixture of experts, the weight of the routers'
         load-balancing loss added to each micro-batch's loss in `train_step`, whose metrics
         then include the router's (`rl_core.engines.experts`); None: the model config's
-        `router_aux_loss_coef` (0 where it has none)."""
+        `router_aux_loss_coef` (0 where it has none). `lora`: the spec's `actor.lora`, the
+        model then wrapped with PEFT's LoRA adapters first (`rl_core.engines.lora`): only they
+        are trained (and have master copies and AdamW state), `weight_buckets` yields the
+        merged weights and `adapters_off` computes as the frozen base."""
         if param_dtype not in PARAM_DTYPES:
             raise ValueError(
                 f"param_dtype {param_dtype!r} is not supported; use float32 or bfloat16 "
@@ -322,6 +328,8 @@ class TrainEngine:
             )
         self.device = torch.device(device)
         self.dtype = PARAM_DTYPES[param_dtype]
+        if lora is not None:
+            model = with_adapters(model, lora)
         self.model = _cast_parameters(model, self.dtype).to(self.device)
         self.lr, self.warmup_steps, self.total_steps = lr, warmup_steps, total_steps
         self.lr_scheduler, self.grad_clip = lr_scheduler, grad_clip
@@ -369,9 +377,10 @@ class TrainEngine:
         device: str | torch.device,
         dp_group: Any = None,
     ) -> TrainEngine:
-        """An engine configured by the spec's `actor` section; `dtype` is `model.dtype`."""
+        """An engine configured by the spec's `actor` section (`actor.lora`: with adapters);
+        `dtype` is `model.dtype`."""
         return cls(model, **engine_options(actor, total_steps), param_dtype=dtype, device=device,
-                   dp_group=dp_group)
+                   dp_group=dp_group, lora=actor.lora)
 
     # ----------------------------------------------------------------------- forward
 
@@ -723,8 +732,29 @@ class TrainEngine:
             return tensor_part(tensor) if keep_split and keep_split(name) \
                 else tensor.full_tensor()
 
+        if self.adapted:  # LoRA: the base's weights with the adapters merged into them
+            yield from in_buckets(merged_weights(self.model, full), bucket_bytes)
+            return
         yield from in_buckets(((name, full(name, tensor))
                                for name, tensor in self.model.state_dict().items()), bucket_bytes)
+
+    @property
+    def adapted(self) -> bool:
+        """Whether the model trains LoRA adapters (`actor.lora`)."""
+        return is_adapted(self.model)
+
+    def adapters_off(self) -> Any:
+        """A context in which the model computes as its frozen base (LoRA: the reference)."""
+        return adapters_off(self.model)
+
+    def adapter_state(self) -> dict[str, torch.Tensor]:
+        """LoRA: the adapters' tensors, whole (sharded: gathered, every rank calls it)."""
+        return adapter_state(self.model, lambda name, t: t.full_tensor()
+                             if hasattr(t, "full_tensor") else t)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Every weight in full on the CPU (LoRA: merged), as `weight_buckets` gives them."""
+        return {name: tensor.cpu() for bucket in self.weight_buckets() for name, tensor in bucket}
 
     def offload(self) -> None:
         """Parameters, gradients and optimizer state to host memory (a no-op on CPU)."""
@@ -758,9 +788,16 @@ class TrainEngine:
         """Optimizer state, schedule, step count and the float32 master weights, if any (the
         weights the model computes with are its own state).
 
+        With LoRA adapters (`lora: True`) the adapters themselves too, unless sharded (FSDP2's
+        checkpoint holds them).
+
         Tensors are shared with the live optimizer: `torch.save` or deep-copy to keep them.
         """
         masters = {"master_weights": [m.detach() for m in self.masters]} if self.masters else {}
+        if self.adapted:
+            masters["lora"] = True
+            if not self.sharded:
+                masters["adapters"] = adapter_state(self.model)
         return {
             **masters,
             "optimizer": self.optimizer.state_dict(),
@@ -776,7 +813,12 @@ class TrainEngine:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore `state_dict()` output; the lr then follows this engine's schedule from the
         restored step (a resumed run may change the schedule). Master weights saved by an engine
-        that had them are restored; otherwise they start from the model's weights."""
+        that had them are restored; otherwise they start from the model's weights. LoRA: the
+        adapters are restored; an InputError when the state was saved with adapters and this
+        engine has none or the other way round."""
+        check_resumed(state, self.adapted)
+        if "adapters" in state:
+            load_adapter_state(self.model, state["adapters"])
         if self.masters and "master_weights" in state:
             with torch.no_grad():
                 torch._foreach_copy_(self.masters, [t.to(self.device)

@@ -41,6 +41,7 @@ from rl_core.errors import InputError, TrainingStopped
 from rl_core.precision import update_data
 from rl_core.recipes.warm import with_model_folders
 from rl_core.rollout.ahead import RolloutsAhead
+from rl_core.rollout.turns import loss_mask, turn_parts
 from rl_core.roles.group import collect
 from rl_core.spec import RunSpec
 from rl_core.tracking import Timer, Tracker
@@ -56,9 +57,12 @@ CRITIC_KEYS = ("input_ids", "attention_mask", "position_ids", "response_mask", "
 
 
 def token_level_rewards(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    """The outcome reward on each response's last token. scores (B,), mask (B, R) -> (B, R)."""
+    """The outcome reward on each response's last token (of the mask, which may have holes:
+    a multi-turn response's tool tokens). scores (B,), mask (B, R) -> (B, R)."""
     rewards = torch.zeros(response_mask.shape, dtype=torch.float32)
-    last = (response_mask.sum(1) - 1).clamp(min=0).long()
+    columns = torch.arange(response_mask.shape[1])
+    last = torch.where(response_mask > 0, columns, 0).amax(1) if response_mask.shape[1] else \
+        torch.zeros(len(scores), dtype=torch.long)
     rewards[torch.arange(len(scores)), last] = scores.float()
     return rewards * response_mask
 
@@ -92,8 +96,9 @@ class RLTrainer:
         adv = spec.advantage
         self.kl_ctrl = algos.make_kl_controller(adv.kl_ctrl, adv.kl_coef, adv.kl_target, adv.kl_horizon)
         reference = spec.reference.enable and (spec.actor.use_kl_loss or adv.use_kl_in_reward)
+        self.reference = reference  # the ref_logprob stage (actor.lora: the actor's own)
         restored = self.ctl.start(len(self.train), reference=reference, tracker=tracker)
-        self.partial = PartialRollouts.from_spec(spec)
+        self.partial = PartialRollouts.from_spec(spec, self.ctl.turns)
         staleness = spec.trainer.max_staleness
         self.ahead = RolloutsAhead(self.ctl, self.train, staleness) if staleness else None
         if staleness and spec.actor.rollout_is == "off":
@@ -209,6 +214,11 @@ class RLTrainer:
             if f"reward_fn/{name}" in columns:
                 table[f"reward/{name}"] = [round(float(columns[f"reward_fn/{name}"][i]), 6)
                                            for i in rows]
+        if "tool_mask" in batch:  # multi-turn: the model's turns and the tools' answers
+            table["turns"] = [turn_parts(self.tokenizer, batch.response_ids[i],
+                                         batch.response_mask[i], batch["tool_mask"][i])
+                              for i in rows]
+            table["tool_calls"] = [int(batch["tool_calls"][i]) for i in rows]
         if "pixel_values" in batch and self.ctl.image_processor is not None:
             table["images"] = self._sample_pictures(batch, rows, step)
         self.ctl.tracker.log_table(table, f"samples/step_{step}.json")
@@ -316,7 +326,7 @@ class RLTrainer:
 
     def _stages(self) -> list[str]:
         stages = list(self.ctl.reward_stages)
-        if self.roles.reference is not None:
+        if self.reference:
             stages.append("ref_logprob")
         if not self._on_policy() or self._corrects_rollout():
             stages.append("old_logprob")
@@ -339,7 +349,8 @@ class RLTrainer:
         partial rollout or rollouts ahead of the update (`trainer.max_staleness`) sampled
         under older policies."""
         return (self.spec.rollout.engine != "native" or self.spec.actor.rollout_is != "off"
-                or self.partial is not None or self.ahead is not None)
+                or (self.partial is not None and self.partial.partial)
+                or self.ahead is not None)
 
     def _mini_rows(self) -> int:
         return self.spec.actor.ppo_mini_batch_size * self.sampling.n
@@ -347,9 +358,9 @@ class RLTrainer:
     def prepare_update(self, batch: Batch, columns: Batch, timer: Timer,
                        metrics: dict[str, float]) -> Batch:
         """The update's columns: sequences, stage outputs, advantages (and returns)."""
-        data = batch.with_sequences()
-        mask = batch.response_mask.float()
-        data["response_mask"] = mask
+        data = batch.with_sequences()  # attention over every token, the tools' included
+        mask = loss_mask(batch.response_mask, batch.get("tool_mask")).float()
+        data["response_mask"] = mask  # the loss's tokens: the model's own
         for name in ("old_logprobs", "ref_logprobs", "values"):
             if name in columns:
                 data[name] = columns[name].float()

@@ -11,6 +11,7 @@ process on one device (no roles).
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -25,6 +26,7 @@ from rl_core.data.prompts import response_batch, tokenize_prompts
 from rl_core.data.run_data import load_prompt_data
 from rl_core.determinism import process_report, record_determinism, seed_everything
 from rl_core.engines import training_engine
+from rl_core.engines.lora import ADAPTER_DIR, save_adapters
 from rl_core.errors import InputError, NonFiniteError, TrainingStopped
 from rl_core.evaluation import evaluate_prompts
 from rl_core.lineage import record_lineage
@@ -48,6 +50,11 @@ class SFTTrainer:
             raise InputError("rollout.engine: SFT validates with the native engine over the "
                              "model it trains; set rollout.engine: native or auto (not 'vllm') "
                              "for python -m rl_core sft")
+        if spec.rollout.multi_turn is not None:
+            raise InputError("rollout.multi_turn: SFT trains on the records' answers and "
+                             "validates single responses; remove it for python -m rl_core sft "
+                             "(a multi-turn transcript is a prompt and its last answer: see "
+                             "rl_core.data.synthetic.calculator_transcripts)")
         spec = with_engine(spec, "native")  # auto too: SFT never generates with vLLM
         spec = with_registered_models(spec)  # models:/x/3: its local folder
         self.spec, self.device = spec, device
@@ -73,8 +80,11 @@ class SFTTrainer:
         if spec.actor.strategy == "megatron":
             raise InputError("actor.strategy: the SFT recipe trains in one process, with torch "
                              "or fsdp2; megatron trains the RL algorithms")
+        # LoRA (actor.lora): the engine wraps a copy with adapters; the rollout's model and the
+        # saved folder take the merged weights (`_merge`)
+        trained = copy.deepcopy(self.model) if spec.actor.lora is not None else self.model
         self.engine = training_engine(spec.actor.strategy).from_spec(
-            self.model, spec.actor, self.total_steps, spec.model.dtype, device)
+            trained, spec.actor, self.total_steps, spec.model.dtype, device)
         self.rollout = rollout_engine("native").from_spec(self.model, self.tokenizer, spec, device)
         self.sampling = SamplingParams.from_config(spec.rollout)
         self.rewards = RewardComposer.from_config(spec.reward)
@@ -91,11 +101,24 @@ class SFTTrainer:
         return data.to_dict()
 
     def save(self) -> Path:
+        self._merge()
         return save_checkpoint(self.output_dir, self.step, model=self.model, tokenizer=self.tokenizer,
                                state={"engine": self.engine.state_dict()}, spec_yaml=self.spec.to_yaml(),
-                               write=lambda folder: copy_processor_files(self.spec.model.path, folder))
+                               write=self._write)
+
+    def _write(self, folder: Path) -> None:
+        copy_processor_files(self.spec.model.path, folder)
+        if self.engine.adapted:  # LoRA: the adapters in PEFT's format too
+            save_adapters(self.engine.model, folder / ADAPTER_DIR, self.engine.adapter_state())
+
+    def _merge(self) -> None:
+        """LoRA: the merged weights into the model the rollout generates from and the
+        checkpoint saves (without adapters it is the trained model itself)."""
+        if self.engine.adapted:
+            self.rollout.load_weights(self.engine.weight_buckets())
 
     def validate(self) -> dict[str, float]:
+        self._merge()
         return evaluate_prompts(self.rollout, self.tokenizer, self.rewards, self.val, self.sampling,
                                 batch_size=self.spec.data.val_batch_size, seed=self.spec.seed)
 
@@ -119,7 +142,7 @@ class SFTTrainer:
                 self.dumper.begin(precision)
                 try:
                     with self.profiler.stage("update", self.device), \
-                            self.dumper.stage("update", self.model):
+                            self.dumper.stage("update", self.engine.model):
                         metrics = self.engine.train_step(
                             self.batch(next(self.loader)), sft_loss_fn,
                             micro_batch_size=self.spec.actor.ppo_micro_batch_size)

@@ -9,10 +9,13 @@
 Every function is `fn(completion, ground_truth, **kwargs) -> float` (see `functions`), registered
 by the name run specs use in `reward.functions`. Training (through `RewardComposer`, which adds
 the per-call time limit and scores the cheap built-ins, `CHEAP_REWARDS`, in process) and
-evaluation call the same functions. Importing this package is cheap:
-math-verify and sympy are imported on first use.
+evaluation call the same functions. `code_execution` runs the response's program on test cases
+in the sandbox of `rl_core.tools`; `reward.remote` adds the score of an HTTP reward service
+(`rl_core.rewards.remote`). Importing this package is cheap: math-verify and sympy are imported
+on first use.
 """
 
+from rl_core.rewards.code import code_execution, last_code_block
 from rl_core.rewards.composer import BatchScores, RewardComposer, RewardTerm, resolve_terms
 from rl_core.rewards.equivalence import answers_match, parse_number
 from rl_core.rewards.extract import extract_answer, last_boxed, last_number, strip_reasoning
@@ -41,6 +44,7 @@ __all__ = [
     "RewardTerm",
     "UnknownRewardError",
     "answers_match",
+    "code_execution",
     "countdown",
     "exact_match",
     "extract_answer",
@@ -48,6 +52,7 @@ __all__ = [
     "format_strict",
     "get_reward",
     "last_boxed",
+    "last_code_block",
     "last_number",
     "math_accuracy",
     "parse_number",

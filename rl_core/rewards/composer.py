@@ -20,6 +20,12 @@ costs more than the call. Such a call cannot be stopped: one that returns after 
 scored and counted exactly as a worker's timeout, and one that raises exactly as a worker's
 error. `in_process: true` runs any function so, at the risk of a call that never returns.
 
+With `remote` (`reward.remote`, see `rl_core.rewards.remote`) every response is also sent to a
+reward service while the functions score it; its score, times its weight, is added to the total
+and shows in `per_function["remote"]`, and `metrics()` adds the service's latency, failures and
+retries. The service reads the prompt as well: callers pass `prompts` to `score_batch` (the
+prompt texts, one per response); without them it is sent null.
+
 As with any multiprocessing code, a script that scores at import time must guard its entry point
 with `if __name__ == "__main__":` (the workers import the main module); `python -m rl_core`, Ray
 actors and pytest need nothing.
@@ -46,6 +52,7 @@ from rl_core.rewards.registry import CHEAP_REWARDS, RewardFn, check_kwargs, get_
 logger = logging.getLogger(__name__)
 
 OK, TIMEOUT, ERROR = "ok", "timeout", "error"
+REMOTE = "remote"  # the remote reward's name among the per-function scores
 STARTUP_TIMEOUT_S = 120.0  # a worker that is not ready by then means a broken environment
 MAX_START_FAILURES = 3  # workers dying before they are ready, in a row
 MAX_WARNINGS_PER_BATCH = 3
@@ -65,7 +72,7 @@ class RewardTerm:
     in_process: bool = False
 
 
-def resolve_terms(functions: Sequence[Any]) -> list[RewardTerm]:
+def resolve_terms(functions: Sequence[Any], allow_none: bool = False) -> list[RewardTerm]:
     """`RewardFunctionSpec`s, mappings {name, weight, kwargs, in_process} or bare names ->
     checked terms. `in_process` None (or absent) means: in process when the name is in
     `CHEAP_REWARDS`, in the pool otherwise.
@@ -73,7 +80,7 @@ def resolve_terms(functions: Sequence[Any]) -> list[RewardTerm]:
     Raises UnknownRewardError for an unregistered name, TypeError for keyword arguments the
     function does not take, an `in_process` that is not a bool or None, or a pooled function
     worker processes cannot import, and ValueError for a name listed twice (its per-function
-    metrics would collide)."""
+    metrics would collide) or for no functions at all (unless `allow_none`)."""
     terms: list[RewardTerm] = []
     for entry in functions:
         name = _field(entry, "name")
@@ -86,7 +93,7 @@ def resolve_terms(functions: Sequence[Any]) -> list[RewardTerm]:
         if not in_process:
             _check_picklable(term)
         terms.append(term)
-    if not terms:
+    if not terms and not allow_none:
         raise ValueError("no reward functions: give at least one")
     return terms
 
@@ -128,15 +135,19 @@ class BatchScores:
     per_function: dict[str, list[float]]
     timeouts: int = 0
     errors: int = 0
+    remote: dict[str, float] = field(default_factory=dict)
 
     def metrics(self, prefix: str = "reward") -> dict[str, float]:
-        """`<prefix>/<name>/mean` for each function, and `<prefix>/timeouts`, `<prefix>/errors`."""
+        """`<prefix>/<name>/mean` for each function, `<prefix>/timeouts`, `<prefix>/errors`,
+        and with a remote reward `<prefix>/remote/latency_mean_s`, `latency_max_s`,
+        `failures`, `retries` and `mean`."""
         out = {
             f"{prefix}/{name}/mean": sum(values) / len(values) if values else 0.0
             for name, values in self.per_function.items()
         }
         out[f"{prefix}/timeouts"] = float(self.timeouts)
         out[f"{prefix}/errors"] = float(self.errors)
+        out.update({f"{prefix}/remote/{key}": value for key, value in self.remote.items()})
         return out
 
 
@@ -149,7 +160,11 @@ class RewardComposer:
     num_workers: worker processes (default: CPUs, at most 8); started only when some function
         is pooled.
     start_method: multiprocessing start method (default: forkserver where available, else spawn).
-    `timeouts` and `errors` count failed calls since construction. Not thread-safe to share
+    remote: a reward service (`RemoteRewardConfig`, a mapping of its fields, or a
+        `RemoteReward`), scored beside the functions under the name "remote"; with it the
+        functions may be empty.
+    `timeouts` and `errors` count failed calls since construction, `remote_failures` and
+    `remote_retries` the service's. Not thread-safe to share
     between concurrent callers beyond the internal lock (calls are serialised).
     """
 
@@ -160,12 +175,23 @@ class RewardComposer:
         timeout_s: float = 10.0,
         num_workers: int | None = None,
         start_method: str | None = None,
+        remote: Any = None,
     ) -> None:
+        from rl_core.rewards.remote import RemoteReward
+
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
         if num_workers is not None and num_workers < 1:
             raise ValueError(f"num_workers must be at least 1, got {num_workers}")
-        self.terms = resolve_terms(functions)
+        self.terms = resolve_terms(functions, allow_none=remote is not None)
+        if remote is not None and any(t.name == REMOTE for t in self.terms):
+            raise ValueError(f"a reward function is named {REMOTE!r}, the name of the remote "
+                             "reward's scores: register it under another name")
+        self.remote: RemoteReward | None = (
+            remote if remote is None or isinstance(remote, RemoteReward)
+            else RemoteReward.from_config(remote))
+        self.remote_failures = 0
+        self.remote_retries = 0
         self._local = [j for j, t in enumerate(self.terms) if t.in_process]
         self._pooled = [j for j, t in enumerate(self.terms) if not t.in_process]
         self.timeout_s = float(timeout_s)
@@ -179,24 +205,56 @@ class RewardComposer:
 
     @classmethod
     def from_config(cls, config: Any, **kwargs: Any) -> RewardComposer:
-        """From a `RewardConfig` (`spec.reward`): its functions and timeout."""
-        return cls(config.functions, timeout_s=config.timeout_s, **kwargs)
+        """From a `RewardConfig` (`spec.reward`): its functions, timeout and remote reward."""
+        return cls(config.functions, timeout_s=config.timeout_s,
+                   remote=getattr(config, "remote", None), **kwargs)
 
     @property
     def names(self) -> list[str]:
-        return [t.name for t in self.terms]
+        """The functions' names, and "remote" last with a remote reward."""
+        return [t.name for t in self.terms] + ([REMOTE] if self.remote is not None else [])
 
     def score_batch(
-        self, completions: Sequence[str], ground_truths: Sequence[Any] | None = None
+        self,
+        completions: Sequence[str],
+        ground_truths: Sequence[Any] | None = None,
+        prompts: Sequence[str | None] | None = None,
     ) -> BatchScores:
-        """Score each completion against its ground truth with every function."""
+        """Score each completion against its ground truth with every function (and the remote
+        reward, which is also sent `prompts`: the prompt text of each completion, or None)."""
         truths = [None] * len(completions) if ground_truths is None else list(ground_truths)
         if len(truths) != len(completions):
             raise ValueError(
                 f"{len(completions)} completions but {len(truths)} ground truths: give one each"
             )
         with self._lock:
-            return self._collect(*self._score(list(completions), truths))
+            pending = None
+            if self.remote is not None and completions:
+                pending = self.remote.submit(prompts, list(completions), truths)
+            try:
+                scores = self._collect(*self._score(list(completions), truths))
+            except BaseException:
+                if pending is not None:
+                    for future in pending:
+                        future.cancel()
+                raise
+            if self.remote is None:
+                return scores
+            return self._add_remote(scores, self.remote.collect(pending or []), len(truths))
+
+    def _add_remote(self, scores: BatchScores, batch: Any, n: int) -> BatchScores:
+        assert self.remote is not None
+        self.remote_failures += batch.failures
+        self.remote_retries += batch.retries
+        values = batch.scores if n else []
+        weight = self.remote.weight
+        return BatchScores(
+            total=[t + weight * v for t, v in zip(scores.total, values)],
+            per_function={**scores.per_function, REMOTE: list(values)},
+            timeouts=scores.timeouts,
+            errors=scores.errors,
+            remote={key.rsplit("/", 1)[1]: value for key, value in batch.metrics().items()},
+        )
 
     def _score(
         self, completions: list[str], truths: list[Any]
@@ -242,11 +300,14 @@ class RewardComposer:
         )
 
     def close(self) -> None:
-        """Stop the worker processes (the composer restarts them if used again)."""
+        """Stop the worker processes and the remote reward's threads (the composer starts them
+        again if used again)."""
         with self._lock:
             if self._pool is not None:
                 self._pool.close()
                 self._pool = None
+            if self.remote is not None:
+                self.remote.close()
 
     def __enter__(self) -> RewardComposer:
         return self

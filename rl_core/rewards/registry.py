@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from rl_core.errors import InputError
+from rl_core.rewards.code import code_execution
 from rl_core.rewards.functions import (
     countdown,
     exact_match,
@@ -37,6 +38,7 @@ REWARDS: dict[str, RewardFn] = {
     "format_lenient": format_lenient,
     "exact_match": exact_match,
     "countdown": countdown,
+    "code_execution": code_execution,
 }
 
 # Built-ins scored in the calling process unless `reward.functions[i].in_process` says otherwise:

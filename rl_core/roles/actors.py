@@ -8,7 +8,8 @@
 - `RolloutWorker`: a rank of a rollout pool of its own (`parallel.colocate_actor_rollout:
   false`): a policy copy and its engine, synced over a link from the actor's rank 0.
 - `ReferenceWorker`: the frozen initial policy; log-probs of the responses. With
-  `reference.offload` its weights wait in host memory between uses.
+  `reference.offload` its weights wait in host memory between uses. With `actor.lora` there is
+  none: the actor's own base, its adapters off, is the reference (`ActorWorker.ref_logprobs`).
 - `CriticWorker`: the value model of PPO (the policy's weights under a one-output head).
 - `RewardWorker`: rule rewards scored in the worker's process pool (CPU only).
 - `RewardModelWorker`: a learned reward model's scores (`reward.reward_model`), on the devices.
@@ -38,6 +39,7 @@ from rl_core.determinism import seed_everything
 from rl_core.engines import training_engine
 from rl_core.engines.context import check_heads
 from rl_core.engines.experts import num_experts
+from rl_core.engines.lora import ADAPTER_DIR, save_adapters
 from rl_core.engines.tensor import check_tensor_parallel
 from rl_core.engines.train import PARAM_DTYPES, TrainEngine, ValueHead, batch_options
 from rl_core.errors import InputError, NonFiniteError, TrainingStopped
@@ -213,6 +215,10 @@ class ActorWorker(TrainedRole):
         self.rollout_split = size > 1 and spec.rollout.engine == "native"
         # a rollout pool of its own generates; rank 0 sends it the weights over `self.link`
         self.pooled = not spec.parallel.colocate_actor_rollout
+        # LoRA: the training engine wraps its own copy of the base with adapters (a resumed
+        # run's too: the checkpoint holds the adapters); the rollout takes merged weights
+        self.lora = spec.actor.lora is not None
+        self.base_path = spec.model.path if self.lora else model_path
         self.link = None
         self.sending: WeightSender | None = None  # weights on their way to the pool
         if model is None:
@@ -223,7 +229,7 @@ class ActorWorker(TrainedRole):
             if spec.actor.strategy != "torch" and (spec.rollout.engine != "native" or size > 1
                                                    or not spec.parallel.colocate_actor_rollout):
                 home = torch.device("cpu")
-            model, tokenizer = load_policy(spec, model_path, home)
+            model, tokenizer = load_policy(spec, self.base_path, home)
         if self.rollout_split:
             model = split_layers(model, rank % size, size).to(self.device)
         self.model, self.tokenizer = model, tokenizer
@@ -232,11 +238,12 @@ class ActorWorker(TrainedRole):
         # the number of updates the policy has taken: every rollout must come from its weights
         self.policy_version = 0
         self.rollout = None
-        # the native engine over the training model itself, or (fsdp2) over its own copy,
-        # parked in host memory while the training engine computes
+        # the native engine over the training model itself, or (fsdp2, LoRA) over its own
+        # copy, parked in host memory while the training engine computes
+        self.synced = spec.actor.strategy != "torch" or self.lora  # the rollout's copy is synced
         if spec.rollout.engine == "native" and size == 1 and not self.pooled:
             self.rollout = rollout_engine("native").from_spec(
-                self.model, tokenizer, spec, self.device, park=spec.actor.strategy != "torch")
+                self.model, tokenizer, spec, self.device, park=self.synced)
         self.loss_fn = policy_loss_fn(spec, self.sampling)
         self.start_engine(spec)
         if self.rollout is None and self.world_size == 1 and self.engine is not None \
@@ -259,8 +266,10 @@ class ActorWorker(TrainedRole):
         self.sync_rollout()
 
     def plain_engine(self) -> Any:
+        # LoRA: the engine wraps a copy with adapters; the rollout's model takes merged weights
+        model = copy.deepcopy(self.model) if self.lora else self.model
         return training_engine(self.spec.actor.strategy).from_spec(
-            self.model, self.spec.actor, self.total_steps, self.spec.model.dtype, self.device)
+            model, self.spec.actor, self.total_steps, self.spec.model.dtype, self.device)
 
     def sharded_engine(self, mesh: Any) -> Any:
         # The training engine shards its own copy, given on the host; the native rollout keeps
@@ -268,7 +277,7 @@ class ActorWorker(TrainedRole):
         if next(self.model.parameters()).device.type == "cpu" and not self.rollout_split:
             source = copy.deepcopy(self.model)
         else:
-            source, _ = load_policy(self.spec, self.model_path, torch.device("cpu"))
+            source, _ = load_policy(self.spec, self.base_path, torch.device("cpu"))
         return training_engine("fsdp2").from_spec(
             source, self.spec.actor, self.total_steps, self.spec.model.dtype, mesh, **self.groups)
 
@@ -340,9 +349,27 @@ class ActorWorker(TrainedRole):
     # ----------------------------------------------------------------------- log-probs, update
 
     def compute(self, stage: str, chunk: Any) -> dict[str, Any]:
+        if stage == "ref_logprob":
+            return {"ref_logprobs": self.ref_logprobs(chunk.columns)}
         if stage != "old_logprob":
             return super().compute(stage, chunk)
         return {"old_logprobs": self.old_logprobs(chunk.columns)}
+
+    def ref_logprobs(self, cols: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """LoRA (`actor.lora`): the reference's log-probs, the policy's own forward with its
+        adapters off, which is the frozen base (no reference role is started). Sharded, every
+        rank's share at once, as `old_logprobs`."""
+        if not self.lora:
+            raise InputError("ref_logprob: the actor computes the reference's log-probs only "
+                             "with actor.lora (otherwise the reference role does)")
+        self.rest_rollout()
+        with self.measured("ref_logprob"), self.engine.adapters_off():
+            logprobs, _ = self.engine.forward_logprobs(
+                cols["input_ids"], cols["attention_mask"], cols["position_ids"],
+                cols["response_mask"].shape[1], temperature=temperature_of(self.sampling),
+                micro_batch_size=self.spec.reference.log_prob_micro_batch_size,
+                images=images_of(cols))
+        return logprobs.cpu()
 
     def old_logprobs(self, cols: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """Log-probs of the responses under the current policy. A sharded actor is called on
@@ -399,7 +426,7 @@ class ActorWorker(TrainedRole):
         training model itself."""
         if self.pooled:
             return self.send_weights()
-        if self.rollout.shares_weights and not self.sharded:
+        if self.rollout.shares_weights and not self.synced:
             return {}
         import time
 
@@ -424,15 +451,17 @@ class ActorWorker(TrainedRole):
     # ----------------------------------------------------------------------- checkpoints
 
     def save_model(self, path: str) -> None:
-        """The policy as a Hugging Face folder (sharded: the rollout's full copy, which holds
-        the trained weights since the last sync) and, sharded, the float32 master weights and
-        the optimizer state under `dcp/actor`, each rank writing its part."""
+        """The policy as a Hugging Face folder (sharded or LoRA: the rollout's full copy, which
+        holds the trained, merged weights since the last sync) and, sharded, the float32 master
+        weights (LoRA: the adapters) and the optimizer state under `dcp/actor`, each rank
+        writing its part. LoRA: the adapters also in PEFT's format under `adapter/`."""
         if self.sharded:
             self.engine.save_sharded(Path(path) / SHARDED_DIRS["actor"])
+        adapters = self.engine.adapter_state() if self.lora else None  # sharded: a collective
         # the full model holds the trained weights only where the native rollout is synced
         full = None
-        if self.sharded and (self.pooled or not self.rollout.shares_weights
-                             or self.rollout_split):
+        if self.synced and (self.pooled or not self.rollout.shares_weights
+                            or self.rollout_split):
             dtype = next(self.model.parameters()).dtype
             full = {name: tensor.to(dtype)  # a collective: every rank gathers
                     for name, tensor in self.engine.full_state_dict().items()}
@@ -440,6 +469,8 @@ class ActorWorker(TrainedRole):
             self.model.save_pretrained(path, safe_serialization=True, state_dict=full)
             self.tokenizer.save_pretrained(path)
             copy_processor_files(self.model_path, path)
+            if adapters is not None:
+                save_adapters(self.engine.model, Path(path) / ADAPTER_DIR, adapters)
 
     def state(self) -> dict[str, Any]:
         return {"engine": host_copy(self.engine.state_dict()), "rng": rng_state(),
@@ -783,17 +814,25 @@ class RewardWorker(Worker):
         cols = chunk.columns
         with self.measured("reward"):
             texts = decode_rows(self.tokenizer, cols["response_ids"], cols["response_lengths"])
-            scored = self.composer.score_batch(texts, cols["truth"])
+            prompts = None
+            if self.composer.remote is not None:  # the service is sent the prompts too
+                prompts = [self.tokenizer.decode(ids[mask.bool()], skip_special_tokens=True)
+                           for ids, mask in zip(cols["prompt_ids"], cols["prompt_mask"])]
+            scored = self.composer.score_batch(texts, cols["truth"], prompts=prompts)
+        self.remote_metrics = scored.remote
         out = {"score": torch.tensor(scored.total, dtype=torch.float32)}
         for name, values in scored.per_function.items():
             out[f"reward_fn/{name}"] = torch.tensor(values, dtype=torch.float32)
         return out
 
-    def score_texts(self, texts: list[str], truths: list[Any]):
-        return self.composer.score_batch(texts, truths)
+    def score_texts(self, texts: list[str], truths: list[Any], prompts: list[str] | None = None):
+        return self.composer.score_batch(texts, truths, prompts=prompts)
 
-    def counters(self) -> dict[str, int]:
-        return {"timeouts": self.composer.timeouts, "errors": self.composer.errors}
+    def counters(self) -> dict[str, Any]:
+        """Failed calls since the start, and the remote service's figures of the last chunk
+        this rank scored (`remote`: latency_mean_s, latency_max_s, failures, retries, mean)."""
+        return {"timeouts": self.composer.timeouts, "errors": self.composer.errors,
+                "remote": dict(getattr(self, "remote_metrics", {}) or {})}
 
     def shutdown(self) -> None:
         self.composer.close()

@@ -104,7 +104,7 @@ def local_roles(spec: RunSpec, *, model_path: str, total_steps: int, reference: 
         reward_model = LocalGroup("reward_model", [RewardModelWorker(
             spec, tokenizer=actor.tokenizer, device=device)])
     reward = LocalGroup("reward", [RewardWorker(spec, tokenizer=actor.tokenizer)]) \
-        if spec.reward.functions else None
+        if has_rule_rewards(spec) else None
     return Roles(actor=LocalGroup("actor", [actor]), reward=reward,
                  channel=DataChannel(ordered=True), reference=ref, critic=critic,
                  reward_model=reward_model)
@@ -260,7 +260,7 @@ def ray_roles(spec: RunSpec, *, model_path: str, total_steps: int, reference: bo
                 options=options(trains, pool_size, role_share(bundle, 1), res.cpus_per_device))
             cleanup.insert(0, rollout.shutdown)
         reward = None
-        if spec.reward.functions:
+        if has_rule_rewards(spec):
             reward_ranks = spec.data_parallel_size
             pool = max(1, (os.cpu_count() or 1) // reward_ranks)
             env = {"env_vars": _rank_env(1, spec)}
@@ -297,3 +297,9 @@ def _quietly(action) -> None:
         action()
     except Exception:  # noqa: BLE001 - cleanup after a failure must not mask it
         log.debug("cleanup step failed", exc_info=True)
+
+
+def has_rule_rewards(spec: RunSpec) -> bool:
+    """Whether the run has a reward role: reward functions or a remote reward service (scored
+    by the same workers), not only a reward model."""
+    return bool(spec.reward.functions) or spec.reward.remote is not None

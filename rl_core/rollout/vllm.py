@@ -111,6 +111,11 @@ class VLLMRolloutEngine:
         if self.device.type == "cpu":
             options["kv_cache_memory_bytes"] = cpu_kv_cache_bytes(
                 model_path, self.max_model_len, max_num_seqs, dtype, tensor_parallel_size)
+            # whole prompts per step: vLLM's CPU build fails on a seeded request whose prefill
+            # is split over steps (it rewinds the request's generator, which a CPU generator
+            # cannot), as the long prompts of multi-turn and partial calls would be
+            options.update(enable_chunked_prefill=False,
+                           max_num_batched_tokens=max(self.max_model_len, 8192))
         else:
             options.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=True)
         # vLLM's CPU worker sets this process's torch threads to 1 and disables
@@ -220,22 +225,27 @@ class VLLMRolloutEngine:
             raise StaleWeightsError("the vLLM rollout has no weights yet: load_weights first")
         if self.asleep:
             self.wake_up()
-        longest = max(len(p) for p in prompts) + params.max_new_tokens
-        if longest > self.max_model_len:
+        # Each prompt's new tokens stop at max_model_len: a multi-turn or partial call's rows
+        # (a prompt and the tokens so far) each need only the room their response has left,
+        # which fits (prompt + max_new_tokens <= max_model_len is a spec rule).
+        longest = max(len(p) for p in prompts)
+        if longest >= self.max_model_len:
             raise InputError(f"rollout.max_model_len: {self.max_model_len} tokens is shorter than "
-                             f"a prompt of {longest - params.max_new_tokens} tokens plus "
-                             f"max_new_tokens {params.max_new_tokens}")
+                             f"a prompt of {longest} tokens plus max_new_tokens "
+                             f"{params.max_new_tokens}")
         if seeds is None:
             seeds = torch.randint(0, 2**62, (len(prompts),), generator=generator).tolist()
         requests = [{"prompt_token_ids": list(map(int, p))} for p in prompts]
-        sampling = [self._sampling(params, int(seed)) for seed in seeds]
+        sampling = [self._sampling(params, int(seed),
+                                   min(params.max_new_tokens, self.max_model_len - len(p)))
+                    for seed, p in zip(seeds, prompts)]
         outputs = self.llm.generate(requests, sampling, use_tqdm=False)
         return self._batch(prompts, outputs, params.n)
 
-    def _sampling(self, params: Any, seed: int) -> Any:
+    def _sampling(self, params: Any, seed: int, max_tokens: int) -> Any:
         greedy = not params.do_sample
         return self._params_class(
-            n=params.n, max_tokens=params.max_new_tokens, seed=None if greedy else seed,
+            n=params.n, max_tokens=max_tokens, seed=None if greedy else seed,
             temperature=0.0 if greedy else params.temperature,
             top_p=1.0 if greedy else params.top_p, top_k=0 if greedy else params.top_k,
             min_p=0.0 if greedy else params.min_p, stop_token_ids=self.eos_token_ids,

@@ -363,15 +363,38 @@ def _rule_partial_rollout(s: RunSpec) -> Iterator[Violation]:
                "whole responses: set it to 0 (partial rollout is for grpo, dapo and ppo)")
 
 
+def _rule_multi_turn(s: RunSpec) -> Iterator[Violation]:
+    """Multi-turn rollouts for grpo, dapo and ppo, with one generation batch per step: not with
+    DAPO's dynamic sampling or rollouts ahead of the update (`trainer.max_staleness`)."""
+    if s.rollout.multi_turn is None:
+        return
+    field = "rollout.multi_turn"
+    if s.algorithm == "dpo":
+        yield (field, "DPO makes its pairs from single responses: remove rollout.multi_turn "
+               "(multi-turn rollouts are for grpo, dapo and ppo)")
+    if s.advantage.dynamic_sampling.enable:
+        yield (field, "not with dynamic sampling yet: set advantage.dynamic_sampling.enable="
+               "false or remove rollout.multi_turn")
+    if s.trainer.max_staleness:
+        yield (field, "not with rollouts ahead of the update yet: set trainer.max_staleness=0 "
+               "or remove rollout.multi_turn")
+    names = [tool.name for tool in s.rollout.multi_turn.tools]
+    for i, name in enumerate(names):
+        if name in names[:i]:
+            yield (f"{field}.tools.{i}.name", f"{name!r} is listed twice: list each tool once")
+
+
 def _rule_reward(s: RunSpec) -> Iterator[Violation]:
-    """GRPO, DAPO and PPO need a reward: `reward.functions` or `reward.reward_model`. A reward
-    model is a folder (a tiny preset is a causal LM), and its settings go with it; alone, it
-    leaves validation (which scores with the functions) nothing to score; DPO from preference
-    files scores nothing, so it takes none."""
+    """GRPO, DAPO and PPO need a reward: `reward.functions`, `reward.remote` or
+    `reward.reward_model`. A reward model is a folder (a tiny preset is a causal LM), and its
+    settings go with it; alone, it leaves validation (which scores with the functions and the
+    remote service) nothing to score; DPO from preference files scores nothing, so it takes
+    none."""
     r, defaults = s.reward, RewardConfig()
-    if s.algorithm != "dpo" and not r.functions and r.reward_model is None:
-        yield ("reward.functions", f"{s.algorithm} needs a reward: add reward.functions or "
-               "reward.reward_model")
+    if (s.algorithm != "dpo" and not r.functions and r.remote is None
+            and r.reward_model is None):
+        yield ("reward.functions", f"{s.algorithm} needs a reward: add reward.functions, "
+               "reward.remote or reward.reward_model")
     if r.reward_model is not None and r.reward_model.startswith("tiny:"):
         yield ("reward.reward_model", f"{r.reward_model} is a tiny causal LM, not a reward model: "
                "give a sequence-classification folder (a tiny one: "
@@ -438,6 +461,28 @@ def _rule_master_weights(s: RunSpec) -> Iterator[Violation]:
         yield ("actor.master_weights", f"{strategy} always keeps float32 master weights "
                "(computing in model.dtype): set it to true, or use actor.strategy=torch for "
                "pure bfloat16")
+
+
+def _rule_lora(s: RunSpec) -> Iterator[Violation]:
+    """`actor.lora` wraps the policy with PEFT's adapters in the torch and fsdp2 engines: not
+    with megatron's own layers, nor with tensor or expert parallelism (their split matrices
+    have no adapters); its reference is the actor's base, so there is no reference model to
+    offload."""
+    if s.actor.lora is None:
+        return
+    if s.actor.strategy == "megatron":
+        yield ("actor.lora", "adapters are trained by the torch and fsdp2 engines, not with "
+               "actor.strategy: megatron: set actor.strategy: fsdp2 (or torch), or remove "
+               "actor.lora")
+    if s.reference.offload:
+        yield ("reference.offload", "with actor.lora the reference is the actor's own base (its "
+               "adapters off): there is no reference model to offload; set it to false")
+    p = s.parallel
+    for field, size in (("parallel.tensor_parallel_size", p.tensor_parallel_size),
+                        ("parallel.expert_parallel_size", p.expert_parallel_size)):
+        if size > 1:
+            yield (field, f"{size} splits the matrices that actor.lora puts adapters on: set "
+                   f"{field.rsplit('.', 1)[1]}: 1, or remove actor.lora")
 
 
 # What the Megatron engine trains: the RL recipe's roles (not DPO's pairs, not images)
@@ -767,10 +812,12 @@ RULES: tuple[Callable[[RunSpec], Iterator[Violation]], ...] = (
     _rule_layouts,
     _rule_lengths,
     _rule_partial_rollout,
+    _rule_multi_turn,
     _rule_reward,
     _rule_trainer,
     _rule_offload,
     _rule_master_weights,
+    _rule_lora,
     _rule_megatron,
     _rule_context_parallel,
     _rule_tensor_parallel,

@@ -3,9 +3,11 @@ model each, every field typed, bounded and described."""
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from rl_core.spec.limits import (
     AdvEstimator,
@@ -31,6 +33,7 @@ from rl_core.spec.limits import (
     MAX_TOKEN_BUDGET,
     ModelLocation,
     Strict,
+    plain_text_problem,
 )
 
 # --------------------------------------------------------------------------- sections
@@ -130,6 +133,72 @@ class DataConfig(Strict):
         8, gt=0, le=MAX_BATCH, description="Prompts per validation generation batch.")
 
 
+class ToolSpec(Strict):
+    """One tool offered to the model in multi-turn rollouts (`rl_core.tools`)."""
+
+    name: str = Field(
+        min_length=1, max_length=128,
+        description="Registered tool name: the built-ins `calculator` and `python`, or a tool "
+        "installed under the `ascent.tools` entry point group.",
+    )
+    kwargs: JsonMapping = Field(
+        default_factory=dict,
+        description="Keyword arguments of the tool's factory: JSON values, at most "
+        f"{MAX_KWARGS_DEPTH} levels deep and {MAX_KWARGS_NODES} values.",
+    )
+
+
+class SandboxConfig(Strict):
+    """The limits of each tool call that runs code (a process of its own, no network, a
+    throwaway working folder)."""
+
+    cpu_time_s: float = Field(5.0, gt=0, le=600, description="CPU seconds per call.")
+    memory_mb: int = Field(512, ge=32, le=65_536, description="Address space per call, MiB.")
+    wall_time_s: float = Field(10.0, gt=0, le=3_600, description="Wall-clock seconds per call.")
+    output_bytes: int = Field(
+        4096, ge=64, le=1_048_576,
+        description="Output kept per call; a call that writes more is stopped and its answer "
+        "says so.",
+    )
+
+
+class MultiTurnConfig(Strict):
+    """Multi-turn rollouts with tools: the model's turn may call a tool, whose answer is
+    appended as tokens before the model's next turn (`rl_core.rollout.turns`)."""
+
+    max_turns: int = Field(
+        4, ge=1, le=64,
+        description="Assistant turns per response, the last included: a turn that calls a tool "
+        "after this many ends the response without an answer to the call.",
+    )
+    tools: list[ToolSpec] = Field(
+        min_length=1, max_length=32,
+        description="The tools offered; a call to any other name is answered with an error "
+        "text naming the tools.",
+    )
+    format: Literal["hermes"] = Field(
+        "hermes",
+        description="How tool calls and answers are written: `hermes` (Qwen2.5/Qwen3, "
+        "Hermes): a call is `<tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>` in "
+        "the model's turn, the answer a user turn `<tool_response>...</tool_response>` in the "
+        "ChatML format.",
+    )
+    max_calls_per_turn: int = Field(
+        4, ge=1, le=64,
+        description="Tool calls answered in one turn; more are answered with an error text.",
+    )
+    max_tool_response_tokens: int = Field(
+        256, ge=8, le=MAX_TOKENS,
+        description="Longest answer of one tool call in tokens; a longer one is cut.",
+    )
+    tool_concurrency: int = Field(
+        8, ge=1, le=256, description="Tool calls run at once by the process that rolls out."
+    )
+    sandbox: SandboxConfig = Field(
+        default_factory=SandboxConfig, description="Limits of each tool call that runs code."
+    )
+
+
 class RolloutConfig(Strict):
     """Response generation. `tensor_parallel_size` here is the inference layout."""
 
@@ -213,6 +282,12 @@ class RolloutConfig(Strict):
         le=MAX_MICRO_BATCH,
         description="Responses per device per forward when computing old log-probs."
     )
+    multi_turn: MultiTurnConfig | None = Field(
+        None,
+        description="Multi-turn rollouts with tools: each response is the model's turns and the "
+        "tools' answers in between, as tokens (never decoded and encoded again); the answers "
+        "carry no loss, and `max_new_tokens` bounds the whole response. Null: one turn.",
+    )
 
 
 class OffloadConfig(Strict):
@@ -227,6 +302,28 @@ class OffloadConfig(Strict):
         False, description="Keep AdamW's moments in host memory; they come to the device for "
         "each optimizer step only. Not on cpu."
     )
+
+
+# the attention and MLP projections of Llama-style decoders (Llama, Mistral, Qwen2/3)
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+ModuleName = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.]+$")]
+
+
+class LoraConfig(Strict):
+    """Low-rank adapters (LoRA) on the policy's linear layers: only the adapters train."""
+
+    rank: int = Field(16, gt=0, le=4096, description="The rank r of each adapter pair "
+                      "(A: r × in, B: out × r).")
+    alpha: float = Field(32.0, gt=0, le=1e6, description="Scale numerator: each layer computes "
+                         "W x + (alpha / rank) · B A x.")
+    target_modules: list[ModuleName] | Literal["all-linear"] = Field(
+        list(LORA_TARGETS), max_length=MAX_LIST,
+        description="The linear layers that get adapters, by the last part of their module name "
+        "(default: the attention and MLP projections q_proj, k_proj, v_proj, o_proj, "
+        "gate_proj, up_proj, down_proj), or `all-linear`: every linear layer but the output "
+        "head.")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on each adapter's input in "
+                           "the update (off in log-prob passes).")
 
 
 class ActorConfig(Strict):
@@ -338,6 +435,16 @@ class ActorConfig(Strict):
     )
     offload: OffloadConfig = Field(
         default_factory=OffloadConfig, description="Host-memory offload of the actor."
+    )
+    lora: LoraConfig | None = Field(
+        None,
+        description="Train low-rank adapters (PEFT's LoRA) instead of every weight: the base "
+        "stays frozen in `model.dtype`, gradients and AdamW state are the adapters' only; the "
+        "reference is the same model with its adapters off (no second copy is loaded); the "
+        "rollout gets the merged weights W + (alpha / rank) · B A after every update; "
+        "checkpoints hold the adapters and their optimizer state, and the saved and exported "
+        "Hugging Face folders the merged model. With actor.strategy torch or fsdp2. Null: full "
+        "fine-tuning.",
     )
     rollout_is: Literal["off", "token", "sequence"] = Field(
         "off",
@@ -477,6 +584,80 @@ class RewardFunctionSpec(Strict):
     )
 
 
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+class RemoteRewardConfig(Strict):
+    """An HTTP reward service (`rl_core.rewards.remote`): each response is POSTed as JSON
+    {"prompt", "response", "ground_truth"} and the answer {"score": number} is added to the
+    summed reward with `weight`."""
+
+    url: str = Field(
+        min_length=1, max_length=2_048,
+        description="The service's address, http:// or https:// (no user name or password in "
+        "it: give a token with token_env).",
+    )
+    token_env: str | None = Field(
+        None, max_length=256,
+        description="Name of an environment variable of the reward workers holding a bearer "
+        "token, sent as `Authorization: Bearer <token>`; read when scoring, never stored or "
+        "shown. Null sends none.",
+    )
+    weight: float = Field(
+        1.0, ge=-1_000, le=1_000, description="Weight of the service's score in the summed reward."
+    )
+    timeout_s: float = Field(
+        30.0, gt=0, le=3_600, description="Time limit of one request (to connect, and between "
+        "bytes of the answer).",
+    )
+    retries: int = Field(
+        3, ge=0, le=20, description="Retries of a request that timed out, could not connect or "
+        "was answered with a 5xx status (a 4xx status is not retried).",
+    )
+    backoff_s: float = Field(
+        0.5, ge=0, le=600, description="Wait before the first retry, doubled for each next one "
+        "(times a random factor between 0.5 and 1).",
+    )
+    max_concurrency: int = Field(
+        8, ge=1, le=1_024, description="Requests in flight at once, per reward worker.",
+    )
+    on_failure: Literal["error", "zero"] = Field(
+        "error", description="A response the service could not score after its retries: "
+        "`error` stops the run naming the url, the attempts and the last error; `zero` scores "
+        "it 0 and counts it in reward/remote/failures.",
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, url: str) -> str:
+        problem = plain_text_problem(url)
+        if problem or any(c.isspace() for c in url):
+            raise ValueError(problem or "holds white space: give the address without it")
+        try:
+            parts = urlsplit(url)
+            parts.port  # noqa: B018 - a port that is not a number raises ValueError
+        except ValueError as error:
+            raise ValueError(f"{url!r} is not a valid address: {error}") from None
+        if parts.scheme not in ("http", "https"):
+            raise ValueError(f"{url!r}: the scheme must be http or https, not "
+                             f"{parts.scheme or 'missing'}: e.g. https://rewards.example.com/score")
+        if not parts.hostname:
+            raise ValueError(f"{url!r} names no host: e.g. https://rewards.example.com/score")
+        if parts.username is not None or parts.password is not None:
+            raise ValueError("holds a user name or password, which the spec would keep: remove "
+                             "it and give a token with reward.remote.token_env")
+        return url
+
+    @field_validator("token_env")
+    @classmethod
+    def _env_name(cls, name: str | None) -> str | None:
+        if name is not None and not _ENV_NAME.fullmatch(name):
+            raise ValueError(f"{name!r} is not an environment variable name: letters, digits "
+                             "and _, not starting with a digit (e.g. REWARD_TOKEN)")
+        return name
+
+
 class RewardConfig(Strict):
     """How responses are scored."""
 
@@ -486,7 +667,8 @@ class RewardConfig(Strict):
         description="Rule-based rewards, summed with their weights.",
     )
     timeout_s: float = Field(
-        10.0, gt=0, le=3_600, description="Time limit per response for each function."
+        10.0, gt=0, le=3_600, description="Time limit per response for each function (for "
+        "code_execution, all of a response's test cases together)."
     )
     reward_model: ModelLocation | None = Field(
         None,
@@ -503,6 +685,12 @@ class RewardConfig(Strict):
     reward_model_micro_batch_size: int = Field(
         4, gt=0, le=MAX_MICRO_BATCH,
         description="Responses per device per reward-model forward.",
+    )
+    remote: RemoteRewardConfig | None = Field(
+        None,
+        description="An HTTP reward service scored in addition to the functions (and the "
+        "reward model), by the reward workers; its score goes into the sum and into "
+        "reward/remote/mean. See docs/rl_core.md for its protocol.",
     )
 
 

@@ -54,6 +54,17 @@ def test_unknown_reward_names_and_wrong_kwargs_are_refused_at_their_index():
     assert "bogus" in admission.refusals[1]["message"]
 
 
+def test_unknown_tools_and_wrong_tool_kwargs_are_refused_at_their_index():
+    admission = admit(spec(rollout={"multi_turn": {"tools": [
+        {"name": "calculator"}, {"name": "web_search"}, {"name": "python", "kwargs": {"x": 1}}]}}))
+
+    assert fields(admission) == ["rollout.multi_turn.tools.1.name",
+                                 "rollout.multi_turn.tools.2.kwargs"]
+    assert "web_search" in admission.refusals[0]["message"]
+    assert "calculator, python" in admission.refusals[0]["message"]  # the valid names
+    assert "does not take ['x']" in admission.refusals[1]["message"]
+
+
 def test_a_named_cluster_refuses_its_paths_with_the_launchers_output_note():
     s = spec(model={"path": "/elsewhere/qwen"}, trainer={"output_dir": "/tmp/mine"})
     facts = Facts(policies=(LOCKED,), cluster="locked", output_dir="/var/ascent/runs",

@@ -87,7 +87,8 @@ def test_the_spec_takes_a_reward_model_alone_or_beside_the_functions(folder):
     with pytest.raises(SpecError, match=r"reward.reward_model_weight: is a reward-model setting"):
         resolve_spec(spec(reward_model_weight=2.0))
     with pytest.raises(SpecError, match=r"reward.functions: grpo needs a reward: add "
-                                        r"reward.functions or reward.reward_model"):
+                                        r"reward.functions, reward.remote or "
+                                        r"reward.reward_model"):
         resolve_spec(spec(functions=[]))
     validated = spec(functions=[], reward_model=str(folder))
     validated["trainer"]["eval_every"] = 5
