@@ -71,6 +71,9 @@ def test_a_mixture_of_experts_and_a_vision_language_model_train_from_the_web_ui(
     # the sample viewer: each sampled prompt's picture (56 x 56 pixels: the 2 x 2 board of the
     # counting task), served from MLflow
     samples = page.get_by_test_id("samples")
+    # the viewer polls while the run is active and is swapped once more as it ends: wait for
+    # that last swap, so the pictures below stay in the page
+    expect(page.locator("#run-samples[hx-get]")).to_have_count(0, timeout=20_000)
     expect(samples.locator("caption")).to_have_text("Samples of step 1", timeout=20_000)
     pictures = samples.get_by_test_id("sample-picture")
     expect(pictures).to_have_count(4)
