@@ -362,25 +362,25 @@ class ActorWorker(TrainedRole):
         if not self.lora:
             raise InputError("ref_logprob: the actor computes the reference's log-probs only "
                              "with actor.lora (otherwise the reference role does)")
-        self.rest_rollout()
-        with self.measured("ref_logprob"), self.engine.adapters_off():
-            logprobs, _ = self.engine.forward_logprobs(
-                cols["input_ids"], cols["attention_mask"], cols["position_ids"],
-                cols["response_mask"].shape[1], temperature=temperature_of(self.sampling),
-                micro_batch_size=self.spec.reference.log_prob_micro_batch_size,
-                images=images_of(cols))
-        return logprobs.cpu()
+        with self.engine.adapters_off():
+            return self._logprobs("ref_logprob", cols,
+                                  self.spec.reference.log_prob_micro_batch_size)
 
     def old_logprobs(self, cols: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """Log-probs of the responses under the current policy. A sharded actor is called on
         every rank's share at once (its forward is a collective: it cannot pull channel chunks)."""
+        return self._logprobs("old_logprob", cols, self.spec.rollout.log_prob_micro_batch_size)
+
+    def _logprobs(self, stage: str, cols: Mapping[str, torch.Tensor],
+                  micro_batch_size: int) -> torch.Tensor:
+        """The responses' log-probs under the training engine's weights as they are, measured
+        as `stage`."""
         self.rest_rollout()
-        with self.measured("old_logprob"):
+        with self.measured(stage):
             logprobs, _ = self.engine.forward_logprobs(
                 cols["input_ids"], cols["attention_mask"], cols["position_ids"],
                 cols["response_mask"].shape[1], temperature=temperature_of(self.sampling),
-                micro_batch_size=self.spec.rollout.log_prob_micro_batch_size,
-                images=images_of(cols))
+                micro_batch_size=micro_batch_size, images=images_of(cols))
         return logprobs.cpu()
 
     def update(self, minis: list[dict[str, torch.Tensor]], step: int) -> list[dict[str, float]]:
