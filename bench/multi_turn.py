@@ -4,7 +4,7 @@
         [--repeats 3] [--threads N]
 
 The model is the calculator base (`--model`, default tests/training/golden/calculator: the
-tiny model after an SFT on `calculator_transcripts`), which calls the calculator on four-digit
+tiny model after an SFT on `calculator_transcripts`), which calls the calculator on two-digit
 products. On the same prompts (`--prompts` problems, `--n` samples each, temperature 1,
 seeded):
 
@@ -19,7 +19,7 @@ seeded):
 Prints per mode: seconds per rollout (median), response tokens (the model's; the tools' for
 multi-turn), tokens/s of all response tokens and of the model's, and multi/single. What the
 turns should cost: one more prefill of each calling row's whole context (prompt, first turn,
-answer: about 180 tokens here) and the tool calls (the calculator: well under a millisecond
+answer: about 150 tokens here) and the tool calls (the calculator: well under a millisecond
 each, in threads); on a CPU a decode step costs about in proportion to the rows still running,
 so the second call, with only the calling rows, decodes as cheaply as the tail of one long call.
 Figures only.
@@ -64,7 +64,7 @@ def main() -> None:
     engine = NativeRolloutEngine(model, eos, tokenizer.pad_token_id)
     prompts = [tokenizer.encode(render_prompt(p["prompt"], "chat", tokenizer),
                                 add_special_tokens=False)
-               for p in arithmetic_problems("*", args.prompts, seed=5, digits=4)]
+               for p in arithmetic_problems("*", args.prompts, seed=5, digits=2)]
     turns = MultiTurn(tokenizer, {"calculator": get_tool("calculator")}, max_turns=2)
     params = SamplingParams(n=args.n, max_new_tokens=args.new_tokens)
 

@@ -44,13 +44,16 @@ _BY_ALGORITHM: dict[str, dict[str, Any]] = {
 
 
 # The model families a new run can start from (the submit page's "Start from" links): what
-# each is, and what it changes in the text starter. Both run and learn on a CPU as they are.
+# each is, and what it changes in the text starter. Each runs and learns on a CPU as it is.
 STARTER_FAMILIES: dict[str, str] = {
     "text": "a dense text model: tiny:small-addition, two-digit addition",
     "moe": ("a mixture of experts: tiny:moe-addition (8 experts, 2 per token) with the routers' "
             "load-balancing loss; parallel.expert_parallel_size splits its experts over devices"),
     "vision": ("a vision-language model: tiny:vl-squares (a tiny Qwen2.5-VL) counting the "
                "squares in pictures, its rows packed with their pictures"),
+    "agent": ("a tool-using agent: tiny:small-calculator learns to call the calculator for "
+              "two-digit products over two turns (rollout.multi_turn; its SFT is made on first "
+              "use, several minutes), the sample viewer showing the turns"),
 }
 _BY_FAMILY: dict[str, dict[str, Any]] = {
     "text": {},
@@ -63,6 +66,14 @@ _BY_FAMILY: dict[str, dict[str, Any]] = {
                "rollout": {"max_new_tokens": 3, "temperature": 0.5},
                "actor": {"lr": 2.0e-4, "use_remove_padding": True},
                "trainer": {"total_steps": 20}},
+    # the problems of the warm start's SFT (its validation ones unseen); a response is a call,
+    # the calculator's answer and the model's answer: about 140 tokens
+    "agent": {"model": {"path": "tiny:small-calculator"},
+              "data": {"synthetic": {"task": "multiplication", "digits": 2, "num_train": 7000,
+                                     "num_val": 200}},
+              "rollout": {"max_new_tokens": 160,
+                          "multi_turn": {"max_turns": 2, "tools": [{"name": "calculator"}]}},
+              "trainer": {"total_steps": 40}},
 }
 
 

@@ -158,6 +158,12 @@ WARM_BASES: dict[str, WarmBase] = {
     "moe-addition": WarmBase(
         "moe", "tiny:moe (a mixture of 8 experts, 2 a token) after the same SFT on two-digit "
         "addition, stopped at 40 % of the validation problems right (made once)"),
+    "small-calculator": WarmBase(
+        "small", "tiny:small after an SFT on transcripts of two-digit products, most answered "
+        "at once and the rest by calling the calculator tool, stopped when it first copies half "
+        "of the validation turns exactly (several hundred steps, about 7 minutes on 2 CPU "
+        "cores, made once): it can call and copy but mostly guesses, so RL with "
+        "`rollout.multi_turn` has the tool's use to learn"),
     "vl-squares": WarmBase(
         "vl", "tiny:vl (a vision-language model) after a short SFT on counting the squares in "
         "a picture, stopped at 40 % of the validation pictures right (made once)"),

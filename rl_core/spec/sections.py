@@ -51,7 +51,8 @@ class ModelConfig(Strict):
         "built-in tiny model used by tests and CPU runs (dense: nano, small, base; mixtures of "
         "experts: moe-nano, moe), or `tiny:small-addition` / `tiny:moe-addition`: tiny:small / "
         "tiny:moe after a short SFT on two-digit addition, right about half the time (made on "
-        "first use).",
+        "first use); `tiny:vl-squares` counts squares in pictures; `tiny:small-calculator` "
+        "calls the calculator tool for two-digit products (`rollout.multi_turn`).",
     )
     tokenizer_path: ModelLocation | None = Field(
         None, description="Tokenizer folder; null uses `model.path`."

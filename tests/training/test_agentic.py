@@ -1,12 +1,13 @@
 """Multi-turn RL with tools on the CPU (`rollout.multi_turn`), from the calculator base
-(golden/calculator): tiny:small after 1,100 steps of the SFT recipe on `calculator_transcripts`
-of 2,000 four-digit products, a quarter of them answered at once (plain template, batch 32,
-AdamW at lr 1.5e-3 after 20 warm-up steps, seed 1). It writes well-formed calculator calls and
-answer turns, and has begun to copy the operands and the answer (some digits right, few whole
-numbers): it does not solve the products yet. The
-trained tokens are the generated ones and the tools' answers, the answers without loss, from
-the native engine and from vLLM; multi-turn rows pack as they pad; a step's samples show their
-turns; `python -m rl_core eval --tools` rolls out with the tools."""
+(golden/calculator): the warm start tiny:small-calculator as its recipe
+(rl_core.recipes.warm) built it on a 2-core CPU, committed so the tests need no SFT: tiny:small
+after SFT_STEPS SFT steps on `calculator_transcripts` of two-digit products, a quarter of them
+answered at once, stopped when half of the validation turns were exactly right. It calls the
+calculator and copies its answer on part of the products. The trained tokens are the generated
+ones and the tools' answers, the answers without loss, from the native engine and from vLLM;
+multi-turn rows pack as they pad; a step's samples show their turns; `python -m rl_core eval
+--tools` rolls out with the tools; GRPO raises the share of products solved and the call
+rate."""
 
 from __future__ import annotations
 
@@ -18,10 +19,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from learning import rose, validation_gain
 
 from rl_core.data.datasets import write_rows
 from rl_core.data.synthetic import synthetic_splits
 from rl_core.recipes.rl import RLTrainer
+from rl_core.recipes.warm import RECIPES
 from rl_core.rollout.turns import ANSWERED, parse_calls
 from rl_core.rollout.vllm import vllm_available
 from rl_core.spec import resolve_spec
@@ -29,6 +32,7 @@ from rl_core.tools import get_tool
 from rl_core.tracking import stable_metrics
 
 CALCULATOR_BASE = Path(__file__).parent / "golden" / "calculator"
+LEARNING_STEPS = 15
 
 
 @pytest.fixture(scope="session")
@@ -40,20 +44,22 @@ def calculator_base(tmp_path_factory, tiny_cache) -> Path:
 
 @pytest.fixture(scope="session")
 def products(tmp_path_factory) -> tuple[str, str]:
-    """Four-digit products (both operands of four digits, as the base's SFT had them): 400
-    training and 20 validation problems, none of the SFT's (another seed)."""
+    """The base's task, two-digit products: 400 of its SFT's training problems and 40 validation
+    problems no SFT step saw, not even its stopping rule (which read the first 40)."""
     folder = tmp_path_factory.mktemp("products")
-    train, val = synthetic_splits("multiplication", num_train=400, num_val=20, seed=7, digits=4,
-                                  low=1000)
-    return (str(write_rows(train, folder / "train.jsonl")),
-            str(write_rows(val, folder / "val.jsonl")))
+    problems = RECIPES["small-calculator"]["data"]["synthetic"]
+    train, val = synthetic_splits("multiplication", num_train=problems["num_train"],
+                                  num_val=problems["num_val"], seed=1,
+                                  digits=problems["digits"])
+    return (str(write_rows(train[:400], folder / "train.jsonl")),
+            str(write_rows(val[40:80], folder / "val.jsonl")))
 
 
 def agent_spec(base: Path, data: tuple[str, str], out: Path, steps: int, **sections) -> dict:
     spec = {
         "algorithm": "grpo", "seed": 1, "model": {"path": str(base)},
         "data": {"train_files": [data[0]], "val_files": [data[1]],
-                 "prompt_template": "chat", "train_batch_size": 8, "val_batch_size": 20},
+                 "prompt_template": "chat", "train_batch_size": 8, "val_batch_size": 40},
         "rollout": {"n_samples_per_prompt": 4, "max_new_tokens": 160,
                     "multi_turn": {"max_turns": 2, "tools": [{"name": "calculator"}]}},
         "actor": {"lr": 1e-4, "ppo_mini_batch_size": 8, "ppo_micro_batch_size": 32},
@@ -169,17 +175,46 @@ def test_multi_turn_rows_pack_as_they_pad(tmp_path, calculator_base, products):
                 assert left[key] == pytest.approx(right[key], rel=1e-4, abs=1e-5), key
 
 
-def test_a_checkpoint_is_evaluated_with_the_tools_on_offer(calculator_base, products):
-    """`python -m rl_core eval --tools calculator`: the greedy responses call the calculator
-    and the tools' counts come with the accuracy; an unknown tool is refused in one line."""
-    command = [sys.executable, "-m", "rl_core", "eval", str(calculator_base), products[1],
-               "--template", "chat", "--tools", "calculator", "--max-turns", "2",
-               "--max-new-tokens", "160"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+def evaluate(checkpoint: Path, data: str, *tools: str) -> subprocess.CompletedProcess:
+    """`python -m rl_core eval` of a checkpoint on `data` with `tools` on offer."""
+    command = [sys.executable, "-m", "rl_core", "eval", str(checkpoint), data,
+               "--template", "chat", "--max-turns", "2", "--max-new-tokens", "160"]
+    for tool in tools:
+        command += ["--tools", tool]
+    return subprocess.run(command, capture_output=True, text=True, timeout=600)
+
+
+def test_an_unknown_tool_is_refused_by_eval_in_one_line(calculator_base, products):
+    refused = evaluate(calculator_base, products[1], "search")
+    assert refused.returncode == 2 and "unknown tool 'search'" in refused.stderr
+    assert "Traceback" not in refused.stderr
+
+
+def test_grpo_learns_to_solve_products_with_the_calculator(tmp_path, calculator_base, products):
+    """The agentic task learns: the calculator base answers most products at once (a guess,
+    rarely right) and calls the calculator on the rest; GRPO raises the share of sampled
+    responses that call it and, as the calls win over the guesses, the share of unseen products
+    solved (greedy, the calculator on offer) and the greedy call rate; `python -m rl_core eval
+    --tools` of the trained checkpoint gives the run's last validation."""
+    out = tmp_path / "learns"
+    spec = agent_spec(calculator_base, products, out, LEARNING_STEPS,
+                      rollout={"n_samples_per_prompt": 8},
+                      actor={"lr": 1e-4, "ppo_micro_batch_size": 64})
+    RLTrainer(resolve_spec(spec)).fit()
+    before, after = validation_gain(out)
+    assert rose(before, after, by=0.2), f"validation accuracy did not rise: {before} -> {after}"
+    metrics = read_metrics(out)
+    val_calls = [m["val/tools/call_rate"] for m in metrics if "val/tools/call_rate" in m]
+    assert val_calls[-1] > val_calls[0], f"the greedy call rate did not rise: {val_calls}"
+    rates = [m["rollout/tools/call_rate"] for m in metrics if "rollout/tools/call_rate" in m]
+    first, last = sum(rates[:3]) / 3, sum(rates[-3:]) / 3
+    assert last > first + 0.1, f"the sampled call rate did not rise: {rates}"
+
+    # the trained checkpoint alone (`python -m rl_core eval --tools calculator`): the same
+    # greedy responses as the run's last validation, with the tools' counts
+    done = evaluate(out / "checkpoints" / f"step_{LEARNING_STEPS}", products[1], "calculator")
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["prompts"] == 20 and result["eval/tools/calls"] > 0
-    assert result["eval/tools/call_rate"] > 0.5 and 0 <= result["eval/accuracy"] <= 1
-    refused = subprocess.run(command[:-6] + ["--tools", "search"], capture_output=True,
-                             text=True, timeout=600)
-    assert refused.returncode == 2 and "unknown tool 'search'" in refused.stderr
+    assert result["prompts"] == 40 and result["eval/accuracy"] == pytest.approx(after)
+    assert result["eval/tools/call_rate"] == pytest.approx(val_calls[-1])
+    assert result["eval/tools/calls"] > 0 and result["eval/tools/status/ok"] > 0

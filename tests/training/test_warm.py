@@ -17,13 +17,17 @@ import threading
 import pytest
 
 from rl_core.models.loading import ModelLoadError, load_model_and_tokenizer, resolve_model_path
+from rl_core.data.datasets import read_rows
 from rl_core.recipes.warm import (
     RECIPES,
     STOP_AT,
+    TRANSCRIPTS,
+    transcript_data,
     resolve_warm,
     warm_cache_key,
     with_model_folders,
 )
+from rl_core.rewards.functions import exact_match
 from rl_core.spec import resolve_spec
 
 SHORT_STEPS = 20
@@ -108,3 +112,41 @@ def test_the_sft_stops_at_the_first_validation_that_reaches_its_target(tmp_path,
     model, _ = load_model_and_tokenizer(folder)  # the checkpoint of step 5, in place
     assert model.config.hidden_size == 128
 
+
+
+def test_the_calculator_agent_learns_from_transcripts_of_its_task(tmp_path, monkeypatch, caplog):
+    """tiny:small-calculator: its SFT reads transcripts of its task's training problems (calls
+    and answers in the rollout's tokens, most answered at once), validates the copying on the
+    calls (from their expression on) and answers of the first validation problems with whole
+    texts compared, and logs its progress at each validation."""
+    monkeypatch.setenv("ASCENT_CACHE_DIR", str(tmp_path))
+    recipe = RECIPES["small-calculator"]
+    data = transcript_data(recipe, TRANSCRIPTS["small-calculator"], tmp_path / "data")
+    assert data["prompt_template"] == "plain" and "synthetic" not in data
+    train = [row for _, row in read_rows(data["train_files"][0])]
+    val = [row for _, row in read_rows(data["val_files"][0])]
+    assert len(val) == 2 * TRANSCRIPTS["small-calculator"]["num_val"]  # a call, an answer
+    assert val[0]["prompt"].endswith('<tool_call>{"name":"calculator","arguments":{"expression":"')
+    assert val[0]["answer"].endswith('"}}</tool_call>') and val[1]["answer"].startswith("<answer>")
+    calls = [row for row in train if row["answer"].startswith("<tool_call>")]
+    answered = len(train) - 2 * len(calls)  # a called problem has two rows, a direct one one
+    assert answered + len(calls) == recipe["data"]["synthetic"]["num_train"]
+    share = TRANSCRIPTS["small-calculator"]["direct"]
+    assert share - 0.05 < answered / (answered + len(calls)) < share + 0.05
+    assert '"expression":"' in calls[0]["answer"] and "<|im_start|>assistant" in calls[0]["prompt"]
+    # a turn is right when its whole text is the transcript's: a call has no <answer> tag
+    (reward,) = recipe["reward"]["functions"]
+    assert exact_match(calls[0]["answer"], calls[0]["answer"], **reward["kwargs"]) == 1.0
+    assert exact_match(calls[1]["answer"], calls[0]["answer"], **reward["kwargs"]) == 0.0
+
+    short = {**recipe, "trainer": {**recipe["trainer"], "total_steps": 4, "eval_every": 2}}
+    short["data"] = {**short["data"], "synthetic": {**short["data"]["synthetic"],
+                                                    "num_train": 64}}
+    monkeypatch.setitem(RECIPES, "small-calculator", short)
+    monkeypatch.setitem(TRANSCRIPTS, "small-calculator", {"direct": 0.6, "num_val": 4})
+    with caplog.at_level(logging.INFO, logger="rl_core"):
+        folder = resolve_warm("small-calculator")
+    record = json.loads((folder / "warm.json").read_text())
+    assert record["sft_steps"] == 4 and record["name"] == "tiny:small-calculator"
+    progress = [r.getMessage() for r in caplog.records if "after 2 steps" in r.getMessage()]
+    assert progress and "stops at 50%" in progress[0]

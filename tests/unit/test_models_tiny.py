@@ -75,7 +75,8 @@ def test_unknown_sizes_list_the_presets():
     with pytest.raises(ValueError, match="tiny:huge: unknown tiny model 'huge'; choose one of "
                                          "tiny:nano, tiny:small, tiny:base, tiny:moe-nano, "
                                          "tiny:moe, tiny:vl, tiny:small-addition, "
-                                         "tiny:moe-addition, tiny:vl-squares"):
+                                         "tiny:moe-addition, tiny:small-calculator, "
+                                         "tiny:vl-squares"):
         parse_tiny_path("tiny:huge")
     assert parse_tiny_path("tiny:small-addition") == "small-addition"
     assert parse_tiny_path("/models/tiny:x") is None
