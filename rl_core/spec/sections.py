@@ -46,13 +46,10 @@ class ModelConfig(Strict):
         "tiny:small",
         min_length=1,
         description="Hugging Face causal-LM folder: a dense decoder (Qwen2/2.5/3, Llama, ...) or "
-        "a mixture of experts of the Qwen3-MoE kind (Qwen3-30B-A3B, ...; see "
-        "parallel.expert_parallel_size, actor.router_aux_loss_coef). Or `tiny:<size>` for a "
-        "built-in tiny model used by tests and CPU runs (dense: nano, small, base; mixtures of "
-        "experts: moe-nano, moe), or `tiny:small-addition` / `tiny:moe-addition`: tiny:small / "
-        "tiny:moe after a short SFT on two-digit addition, right about half the time (made on "
-        "first use); `tiny:vl-squares` counts squares in pictures; `tiny:small-calculator` "
-        "calls the calculator tool for two-digit products (`rollout.multi_turn`).",
+        "a Qwen3-MoE kind of mixture of experts (see parallel.expert_parallel_size). Or a "
+        "built-in tiny model for tests and CPU runs: `tiny:<size>` (nano, small, base, moe-nano, "
+        "moe, vl), or a warm start made on first use by a short SFT (tiny:small-addition, "
+        "tiny:moe-addition, tiny:vl-squares, tiny:small-calculator; docs/rl_core.md).",
     )
     tokenizer_path: ModelLocation | None = Field(
         None, description="Tokenizer folder; null uses `model.path`."

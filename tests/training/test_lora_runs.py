@@ -32,7 +32,9 @@ def test_grpo_with_lora_raises_validation_accuracy_over_an_sft_base(tmp_path: Pa
     assert 0.0 < before < 0.9, f"the SFT base should be right only part of the time, got {before}"
     assert rose(before, after), f"validation accuracy did not rise: {before} -> {after}"
     kl = [m["actor/kl_loss"] for m in read_metrics(out) if "actor/kl_loss" in m]
-    assert kl[0] == 0.0 and max(kl) > 0, "the reference must be the base: KL 0, then growing"
+    # the reference must be the base: KL 0 at the first step (to the rounding of a forward in
+    # another batch shape: -1.5e-9 on one CPU), then growing
+    assert abs(kl[0]) < 1e-6 < max(kl), kl
 
 
 def _run(base: Path, output_dir: Path, stop_at: int | None = None, **actor) -> RLTrainer:
